@@ -182,7 +182,7 @@ def _build_dataclass(cls: type, value: Any, source: str, key: str) -> Any:
     for name, f in fields.items():
         sub = _join(key, name)
         if name in value:
-            kwargs[name] = _build(hints[name], value[name], source, sub)
+            kwargs[name] = _build(hints[name], _with_default_type(f, value[name]), source, sub)
             _check_range(f, kwargs[name], source, sub)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(source, sub, "required key is missing")
@@ -190,6 +190,15 @@ def _build_dataclass(cls: type, value: Any, source: str, key: str) -> Any:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:
         raise ConfigError(source, key, str(e)) from None
+
+
+def _with_default_type(f: dataclasses.Field, value: Any) -> Any:
+    """A variant section written without `type:` keeps the field default's variant."""
+    if not isinstance(value, dict) or "type" in value:
+        return value
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    variant = getattr(default, "type", None) if dataclasses.is_dataclass(default) else None
+    return {"type": variant, **value} if isinstance(variant, str) else value
 
 
 def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> None:

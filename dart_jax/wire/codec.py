@@ -123,7 +123,7 @@ def peek_rid(frames: Sequence) -> int:
     """The request id of a message, or 0 when even the header cannot be read."""
     try:
         return _peek.decode(frames[0]).rid
-    except (msgspec.DecodeError, IndexError, TypeError):
+    except (msgspec.DecodeError, UnicodeDecodeError, IndexError, TypeError):
         return 0
 
 
@@ -138,7 +138,7 @@ def decode(frames: Sequence, max_bytes: int) -> tuple[int, Message]:
         raise WireError("too_large", f"{size} bytes (limit {max_bytes})")
     try:
         head = _peek.decode(frames[0])
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise WireError("bad_request", f"unreadable header: {e}") from None
     if head.v != PROTOCOL_VERSION:
         raise WireError("version", f"protocol {head.v}, this side speaks {PROTOCOL_VERSION}")
@@ -148,7 +148,7 @@ def decode(frames: Sequence, max_bytes: int) -> tuple[int, Message]:
     except msgspec.ValidationError as e:
         code = "unknown_message" if "Invalid value" in str(e) and "$.type" in str(e) else "bad_request"
         raise WireError(code, str(e)) from None
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise WireError("bad_request", str(e)) from None
     finally:
         _frames_in.reset(token)
@@ -163,5 +163,5 @@ def from_bytes(data: bytes, tp: type) -> Any:
     """Inverse of `to_bytes` for a struct type `tp`; raises WireError when malformed."""
     try:
         return msgspec.msgpack.decode(data, type=tp, dec_hook=_dec_hook)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
         raise WireError("bad_request", f"{tp.__name__}: {e}") from None

@@ -1,0 +1,52 @@
+"""Test-wide setup: 8 CPU devices for sharding tests, and skips for missing hardware.
+
+Markers (pyproject.toml): slow, vllm, browser, gpu, tpu, osworld. `make test` runs every
+test this machine can run; a test whose marker names hardware or a service that is absent
+is skipped with the reason, and pytest's summary (-ra) lists each skip.
+"""
+
+import importlib.util
+import os
+import shutil
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+
+def _jax_platform(name: str) -> bool:
+    if os.environ.get("JAX_PLATFORMS", "") not in ("", name):
+        return False
+    try:
+        import jax
+        return bool(jax.devices(name))
+    except Exception:
+        return False
+
+
+def _missing(marker: str) -> str | None:
+    """Why a test with `marker` cannot run here, or None when it can."""
+    if marker == "gpu" and not _jax_platform("gpu"):
+        return "needs a CUDA GPU (run with JAX_PLATFORMS=cuda on a GPU host)"
+    if marker == "tpu" and not _jax_platform("tpu"):
+        return "needs a TPU host"
+    if marker == "osworld" and not os.environ.get("DART_OSWORLD_URL"):
+        return "needs a reachable OSWorld VM (set DART_OSWORLD_URL=http://HOST:5000)"
+    if marker == "vllm" and importlib.util.find_spec("vllm") is None:
+        return "needs vLLM (make setup installs the CPU build)"
+    if marker == "browser" and not (shutil.which("chromium") and shutil.which("chromedriver")):
+        return "needs chromium and chromedriver (make setup installs them)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    cache: dict[str, str | None] = {}
+    for item in items:
+        for marker in ("gpu", "tpu", "osworld", "vllm", "browser"):
+            if item.get_closest_marker(marker) is None:
+                continue
+            if marker not in cache:
+                cache[marker] = _missing(marker)
+            if cache[marker]:
+                item.add_marker(pytest.mark.skip(reason=cache[marker]))
