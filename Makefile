@@ -1,0 +1,22 @@
+# dart-jax: `make run` runs the local default job, `make test` the whole default suite.
+# Both install what they need first (scripts/setup.sh is idempotent: seconds when done).
+PY := .venv/bin/python
+CONFIG ?= configs/local.yaml
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-fast run clean
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	@bash scripts/test.sh $(PYTEST_ARGS)
+
+test-fast: setup
+	@bash scripts/test.sh -m "not slow" $(PYTEST_ARGS)
+
+run: setup
+	$(PY) -m dart_jax.cli local $(CONFIG) $(ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

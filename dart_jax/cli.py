@@ -1,0 +1,68 @@
+"""The `dart-jax` command: one subcommand per role or job.
+
+    dart-jax config show configs/local.yaml trainer.optimizer.lr=1e-5
+    dart-jax keys keys/ trainer
+
+Role subcommands import only their role's code, so an env host never loads JAX and a TPU
+trainer never loads torch. A bad config or argument prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+from dart_jax import config as config_lib
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _load_run_config(args: argparse.Namespace):
+    from dart_jax.config.schema import RunConfig
+    return config_lib.load(RunConfig, args.config, args.overrides)
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    print(config_lib.dump(_load_run_config(args)), end="")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from dart_jax.wire import curve
+    public, secret = curve.generate(args.directory, args.name)
+    print(f"public key: {public}\nsecret key: {secret}")
+    return 0
+
+
+def _with_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("config", type=Path, help="a YAML file in configs/")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides, e.g. trainer.optimizer.lr=1e-6")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dart-jax", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cfg = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
+    _with_config(cfg.add_parser("show", help="print the resolved run config")).set_defaults(fn=cmd_config_show)
+    keys = sub.add_parser("keys", help="generate a CURVE key pair for authenticated links")
+    keys.add_argument("directory", type=Path)
+    keys.add_argument("name")
+    keys.set_defaults(fn=cmd_keys)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except config_lib.ConfigError as e:
+        print(f"dart-jax: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The run directory: everything one run writes, in one place.
+
+    runs/<name>/
+      config.yaml          the resolved run config (what every role of this run read)
+      logs/<role>.log      structured JSON lines, one file per role process
+      metrics/<role>.jsonl metrics records, one file per role
+      data/                the data manager's store (SQLite + screenshot blobs)
+      checkpoints/         orbax checkpoints of the trainer
+      export/              Hugging Face exports
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+_SUBDIRS = ("logs", "metrics", "data", "checkpoints", "export")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @classmethod
+    def create(cls, root: str | Path, config_yaml: str | None = None) -> "RunDir":
+        """Make the layout (idempotent); write the resolved config when given."""
+        run = cls(Path(root))
+        for sub in _SUBDIRS:
+            (run.root / sub).mkdir(parents=True, exist_ok=True)
+        if config_yaml is not None:
+            run.config_path.write_text(config_yaml)
+        return run
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    def log_path(self, role: str) -> Path:
+        return self.root / "logs" / f"{role}.log"
+
+    def metrics_path(self, role: str) -> Path:
+        return self.root / "metrics" / f"{role}.jsonl"
+
+
+class MetricsWriter:
+    """Appends one JSON object per record to metrics/<role>.jsonl (flushed per record)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", buffering=1)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"time": time.time(), "step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _plain(value: Any) -> Any:
+    """Scalars from numpy/JAX arrays; everything else as is."""
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+        return value.item()
+    return value

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The default suite: every test this machine can run (vllm and browser included); tests
+# whose marker needs absent hardware (gpu, tpu, osworld) are skipped and listed (-ra).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+.venv/bin/python -m pytest -ra --durations=15 "$@"
+rc=$?
+echo "make test: pytest exit $rc after $(( $(date +%s) - start )) s"
+# 5 = no tests collected: an empty run is a failure, never a silent pass.
+exit $rc
