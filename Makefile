@@ -20,3 +20,7 @@ run: setup
 
 clean:
 	rm -rf runs .pytest_cache
+
+# Other hosts (see BUILD.md): the TPU trainer, GPU trainer + vLLM, rollout-only, env hosts.
+setup-%:
+	@bash scripts/setup_host.sh $*
