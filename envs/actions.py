@@ -1,0 +1,248 @@
+"""UI-TARS-1.5 action text <-> `Action`, with the model-image <-> screen coordinate map.
+
+The model sees the screenshot resized by Qwen2.5-VL's `smart_resize` (sides multiples of
+28, pixel count clamped) and writes absolute pixel coordinates in that resized image:
+
+    Thought: The OK button is at the bottom.
+    Action: click(start_box='<|box_start|>(231,402)<|box_end|>')
+
+`parse` turns such text into an `Action` in screen pixels (x * W / W', y * H / H');
+`render` writes an `Action` back as model text (oracle demonstrations), so the two maps
+are one pair of functions. Model text is scanned, never evaluated. Anything malformed
+raises `ActionParseError`; no other exception escapes `parse` for any input string.
+One action per step: UI-TARS's multi-action outputs are rejected as malformed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from envs.types import POINT_KINDS, Action, Point
+
+MAX_TEXT_CHARS = 32_768
+MAX_HOTKEY_KEYS = 4
+
+
+class ActionParseError(ValueError):
+    """Model text that is not exactly one valid UI-TARS-1.5 action."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSpace:
+    """The model's image resizing (Qwen2.5-VL / UI-TARS-1.5 defaults)."""
+    factor: int = 28
+    min_pixels: int = 100 * 28 * 28
+    max_pixels: int = 16384 * 28 * 28
+
+    def model_size(self, width: int, height: int) -> tuple[int, int]:
+        """(W', H'): the size of the image the model sees for a `width` x `height` screen."""
+        h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        return w, h
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's resize rule, exactly as transformers' `smart_resize` (tested against it):
+    sides multiples of `factor`, pixels within [min_pixels, max_pixels], aspect kept."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio of {width}x{height} exceeds 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+DEFAULT_SPACE = ImageSpace()
+
+
+def to_screen(point: Point, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE) -> Point:
+    """Model-image pixel -> screen pixel (clamped into the screen)."""
+    (w, h), (mw, mh) = screen, space.model_size(*screen)
+    x, y = point[0] * w / mw, point[1] * h / mh
+    return min(max(x, 0.0), w - 1.0), min(max(y, 0.0), h - 1.0)
+
+
+def to_model(point: Point, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE) -> tuple[int, int]:
+    """Screen pixel -> nearest model-image pixel."""
+    (w, h), (mw, mh) = screen, space.model_size(*screen)
+    return round(point[0] * mw / w), round(point[1] * mh / h)
+
+
+# ---- parsing -----------------------------------------------------------------------------
+
+_CALL = re.compile(r"([A-Za-z_]\w*)\s*\((.*)\)", re.DOTALL)
+_SECOND_CALL = re.compile(r"\)[ \t]*\n[ \t]*\n\s*[A-Za-z_]\w*\s*\(")  # UI-TARS's action separator
+_ARG_NAME = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*")
+_NEXT_ARG = re.compile(r"\s*,\s*[A-Za-z_]\w*\s*=")
+_NUM = r"\s*(-?\d+(?:\.\d+)?)\s*"
+_POINT = re.compile(rf"\(?{_NUM}[, ]{_NUM}(?:[, ]{_NUM}[, ]{_NUM})?\)?")
+_BOX_TOKENS = re.compile(r"<\|box_start\|>|<\|box_end\|>|</?point>|</?bbox>")
+_ESCAPES = {"n": "\n", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+_ALIASES = {"point": "start_box", "start_point": "start_box", "end_point": "end_box",
+            "hotkey": "key"}
+_SIGNATURES: dict[str, tuple[set[str], set[str]]] = {  # kind: (required, optional)
+    "click": ({"start_box"}, set()), "left_double": ({"start_box"}, set()),
+    "right_single": ({"start_box"}, set()), "drag": ({"start_box", "end_box"}, set()),
+    "hotkey": ({"key"}, set()), "type": ({"content"}, set()),
+    "scroll": ({"direction"}, {"start_box"}), "wait": (set(), set()),
+    "finished": (set(), {"content"}), "call_user": (set(), set()),
+}
+
+_NAMED_KEYS = {"enter", "tab", "esc", "space", "backspace", "delete", "insert", "home", "end",
+               "pageup", "pagedown", "up", "down", "left", "right", "ctrl", "shift", "alt",
+               "meta", "capslock", *(f"f{i}" for i in range(1, 13))}
+_KEY_ALIASES = {"return": "enter", "escape": "esc", "control": "ctrl", "cmd": "meta",
+                "command": "meta", "win": "meta", "super": "meta", "del": "delete",
+                "arrowup": "up", "arrowdown": "down", "arrowleft": "left", "arrowright": "right",
+                "pgup": "pageup", "pgdn": "pagedown", "option": "alt"}
+_CHAR_KEYS = set("abcdefghijklmnopqrstuvwxyz0123456789-=[];',./\\`")
+
+
+def parse(text: str, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE) -> Action:
+    """The action in model `text` with points mapped to a `screen` (width, height)."""
+    if not isinstance(text, str):
+        raise ActionParseError(f"expected text, got {type(text).__name__}")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ActionParseError(f"text of {len(text)} chars (limit {MAX_TEXT_CHARS})")
+    head, sep, call = text.rpartition("Action:")
+    if not sep:
+        raise ActionParseError("no 'Action:' in the text")
+    if _SECOND_CALL.search(call):
+        raise ActionParseError("more than one action")
+    match = _CALL.fullmatch(call.strip())
+    if match is None:
+        raise ActionParseError(f"not a single call: {_clip(call)}")
+    kind, args = match.group(1), _parse_args(match.group(2))
+    if kind not in _SIGNATURES:
+        raise ActionParseError(f"unknown action {kind!r}")
+    required, optional = _SIGNATURES[kind]
+    if missing := required - args.keys():
+        raise ActionParseError(f"{kind} needs {sorted(missing)}")
+    if extra := args.keys() - required - optional:
+        raise ActionParseError(f"{kind} takes no {sorted(extra)}")
+    return _build(kind, args, _thought(head), screen, space)
+
+
+def _build(kind: str, args: dict[str, str], thought: str, screen: tuple[int, int],
+           space: ImageSpace) -> Action:
+    point = lambda name: _point(args[name], screen, space) if name in args else None  # noqa: E731
+    fields: dict = {"kind": kind, "thought": thought, "point": point("start_box"),
+                    "end_point": point("end_box")}
+    if kind == "hotkey":
+        fields["keys"] = _keys(args["key"])
+    elif kind in ("type", "finished"):
+        fields["content"] = args.get("content", "")
+    elif kind == "scroll":
+        if args["direction"].strip() not in ("up", "down", "left", "right"):
+            raise ActionParseError(f"bad scroll direction {_clip(args['direction'])}")
+        fields["direction"] = args["direction"].strip()
+    return Action(**fields)
+
+
+def _parse_args(text: str) -> dict[str, str]:
+    """`name='value', ...` -> {name: value}; quotes inside a value need no escaping
+    when unambiguous (a quote ends the value only before `, name=` or the end)."""
+    args: dict[str, str] = {}
+    pos, end = 0, len(text.rstrip())
+    while pos < end:
+        match = _ARG_NAME.match(text, pos)
+        if match is None or match.end() >= end or text[match.end()] not in "'\"":
+            raise ActionParseError(f"expected name='value' at {_clip(text[pos:])}")
+        name = _ALIASES.get(match.group(1), match.group(1))
+        if name in args:
+            raise ActionParseError(f"argument {name!r} given twice")
+        args[name], pos = _scan_string(text, match.end(), end)
+        if pos < end:
+            pos = text.index(",", pos) + 1
+    return args
+
+
+def _scan_string(text: str, start: int, end: int) -> tuple[str, int]:
+    quote, out, i = text[start], [], start + 1
+    while i < end:
+        c = text[i]
+        if c == "\\" and i + 1 < end:
+            out.append(_ESCAPES.get(text[i + 1], c + text[i + 1]))
+            i += 2
+            continue
+        if c == quote and (i + 1 == end or _NEXT_ARG.match(text, i + 1)):
+            return "".join(out), i + 1
+        out.append(c)
+        i += 1
+    raise ActionParseError(f"unterminated string at {_clip(text[start:])}")
+
+
+def _point(value: str, screen: tuple[int, int], space: ImageSpace) -> Point:
+    match = _POINT.fullmatch(_BOX_TOKENS.sub("", value).strip()) if len(value) <= 100 else None
+    if match is None:
+        raise ActionParseError(f"bad point {_clip(value)}")
+    nums = [float(g) for g in match.groups() if g is not None]
+    x, y = (nums[0], nums[1]) if len(nums) == 2 else ((nums[0] + nums[2]) / 2, (nums[1] + nums[3]) / 2)
+    try:
+        mw, mh = space.model_size(*screen)
+    except (ValueError, ZeroDivisionError) as e:
+        raise ActionParseError(f"screen {screen} cannot be mapped: {e}") from None
+    if not (math.isfinite(x) and math.isfinite(y) and 0 <= x <= mw and 0 <= y <= mh):
+        raise ActionParseError(f"point ({x:g},{y:g}) outside the {mw}x{mh} image")
+    return to_screen((x, y), screen, space)
+
+
+def _keys(value: str) -> tuple[str, ...]:
+    keys = tuple(_KEY_ALIASES.get(k, k) for k in re.split(r"[\s+]+", value.strip().lower()) if k)
+    if not keys or len(keys) > MAX_HOTKEY_KEYS:
+        raise ActionParseError(f"hotkey needs 1-{MAX_HOTKEY_KEYS} keys, got {_clip(value)}")
+    for key in keys:
+        if key not in _NAMED_KEYS and key not in _CHAR_KEYS:
+            raise ActionParseError(f"unknown key {_clip(key)}")
+    return keys
+
+
+def _thought(head: str) -> str:
+    for label in ("Thought:", "Action_Summary:", "Reflection:"):
+        _, sep, rest = head.partition(label)
+        if sep:
+            return rest.strip()
+    return head.strip()
+
+
+def _clip(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+# ---- rendering ---------------------------------------------------------------------------
+
+def render(action: Action, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE,
+           box_tokens: bool = True) -> str:
+    """The model text for `action` (the inverse of `parse` up to pixel rounding)."""
+    return f"Thought: {action.thought}\nAction: {render_call(action, screen, space, box_tokens)}"
+
+
+def render_call(action: Action, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE,
+                box_tokens: bool = True) -> str:
+    def box(p: Point) -> str:
+        x, y = to_model(p, screen, space)
+        return f"'<|box_start|>({x},{y})<|box_end|>'" if box_tokens else f"'({x},{y})'"
+
+    args = []
+    if action.point is not None and action.kind in POINT_KINDS:
+        args.append(f"start_box={box(action.point)}")
+    if action.kind == "drag":
+        args.append(f"end_box={box(action.end_point)}")
+    if action.kind == "hotkey":
+        args.append(f"key='{' '.join(action.keys)}'")
+    if action.kind == "type" or (action.kind == "finished" and action.content):
+        args.append(f"content='{_escape(action.content)}'")
+    if action.kind == "scroll":
+        args.append(f"direction='{action.direction}'")
+    return f"{action.kind}({', '.join(args)})"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\t", "\\t")
