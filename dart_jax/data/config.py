@@ -1,0 +1,101 @@
+"""Config of the data manager: its wire link, its store, the curation rules, its tasks.
+
+    cfg = load(DataManagerConfig, "configs/local.yaml")   # or a section of the run config
+    dart_jax.data.service.run(cfg, Path("runs/local"))
+
+Paths are relative to the run directory unless absolute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from dart_jax.config import bounded
+from dart_jax.wire import WireConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConfig:
+    """SQLite (WAL) database plus a content-addressed blob directory for screenshots.
+
+    `durability: process` survives a killed process (WAL, synchronous=NORMAL, blobs written
+    to the page cache before the commit); `power` also survives power loss (synchronous=FULL,
+    every blob and its directory fsynced), at a large cost in ingest rate.
+    """
+    db_path: str = "data/store.sqlite"
+    blob_dir: str = "data/blobs"
+    durability: Literal["process", "power"] = "process"
+    group_commit_max: int = bounded(256, ge=1)  # trajectories per transaction, at most
+    handler_threads: int = bounded(8, ge=1)  # request handlers (ingest writes blobs here)
+
+
+@dataclasses.dataclass(frozen=True)
+class CurationConfig:
+    """DART's curation rules (formulas in `dart_jax.data.curation`)."""
+    # Dynamic rollout count: s < low_success -> max_rollouts, else
+    # clamp(floor(numerator / s - offset), min_rollouts, max_rollouts).
+    low_success: float = bounded(0.6, gt=0, le=1)
+    numerator: float = bounded(9.0, gt=0)
+    offset: float = 7.0
+    min_rollouts: int = bounded(1, ge=1)
+    max_rollouts: int = bounded(8, ge=1)
+    success_window: int = bounded(16, ge=1)  # recent rollout attempts that define s
+    # Dynamic trajectory length: clamp(ceil(p-th percentile of successful lengths + margin)).
+    length_percentile: float = bounded(90.0, gt=0, le=100)
+    length_margin: int = bounded(2, ge=0)
+    length_window: int = bounded(64, ge=1)  # most recent successes considered
+    min_steps: int = bounded(3, ge=1)
+    max_steps: int = bounded(30, ge=1)
+    default_max_steps: int = bounded(30, ge=1)  # before the task's first success
+    # Batches: tasks_per_batch GRPO groups of at most group_size trajectories.
+    tasks_per_batch: int = bounded(8, ge=1)
+    group_size: int = bounded(8, ge=2)
+    max_staleness: int = bounded(1, ge=0)  # trainer version - oldest sampling version
+    keep_all_success_groups: bool = False  # zero-advantage groups; waiting gives a failure a chance
+    # Scheduling: no task is handed out while every task already has this many rollouts
+    # in flight or waiting unused (back-pressure against stale data).
+    max_pending_per_task: int = bounded(16, ge=1)
+    assignment_timeout_s: float = bounded(900.0, gt=0)  # an in-flight rollout counts this long
+
+    def __post_init__(self) -> None:
+        if self.min_rollouts > self.max_rollouts:
+            raise ValueError(f"min_rollouts {self.min_rollouts} > max_rollouts {self.max_rollouts}")
+        if not self.min_steps <= self.default_max_steps <= self.max_steps:
+            raise ValueError(f"need min_steps <= default_max_steps <= max_steps, got "
+                             f"{self.min_steps}, {self.default_max_steps}, {self.max_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskEntry:
+    """A task written inline in the config (the fields of `wire.TaskSpec`)."""
+    task_id: str
+    backend: str
+    name: str
+    seed: int = 0
+    split: Literal["train", "eval"] = "train"
+    config: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSourceConfig:
+    """Where the task list comes from: a JSONL file of TaskSpec objects and/or inline
+    entries. A task keeps its split for the life of the run (the store refuses a change)."""
+    task_file: str = ""
+    tasks: tuple[TaskEntry, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    """Pre-collected successes imported at start (directories of *.traj or *.jsonl files);
+    importing is idempotent by trajectory id."""
+    import_paths: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class DataManagerConfig:
+    wire: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5557")
+    store: StoreConfig = StoreConfig()
+    curation: CurationConfig = CurationConfig()
+    tasks: TaskSourceConfig = TaskSourceConfig()
+    pool: PoolConfig = PoolConfig()

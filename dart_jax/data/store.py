@@ -1,0 +1,261 @@
+"""The run's store: SQLite in WAL mode plus content-addressed screenshot blobs.
+
+One write connection (serialized by a lock) and one read connection per thread; WAL
+lets readers proceed while the writer commits. Writes are few, large transactions (the
+ingest writer commits many trajectories at once), and every write that others depend
+on (a trajectory, a batch's composition) is visible only after its commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from dart_jax.data import schema
+from dart_jax.data.blobs import BlobStore
+from dart_jax.data.config import StoreConfig
+from dart_jax.data.curation import Group, TrajRecord
+from dart_jax.wire import from_bytes, to_bytes
+from dart_jax.wire.messages import Step, TaskSpec, Trajectory
+
+_REC = "traj_id, task_id, seq, success, num_steps, min_version, max_version"
+
+
+class ConflictError(RuntimeError):
+    """A write that contradicts what the store already holds."""
+
+
+class Store:
+    def __init__(self, db_path: Path, blob_dir: Path, durability: str = "process"):
+        self.db_path = Path(db_path)
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        self.sync = "FULL" if durability == "power" else "NORMAL"
+        self.blobs = BlobStore(blob_dir, fsync=durability == "power")
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._w = self._connect()
+        self._w.execute("PRAGMA journal_mode=WAL")
+        schema.migrate(self._w)
+
+    @classmethod
+    def open(cls, cfg: StoreConfig, run_dir: Path) -> "Store":
+        return cls(Path(run_dir) / cfg.db_path, Path(run_dir) / cfg.blob_dir, cfg.durability)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.execute(f"PRAGMA synchronous={self.sync}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    @property
+    def _r(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            with self._lock:
+                self._readers.append(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, rolled back on error)."""
+        with self._lock:
+            self._w.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._w
+            except BaseException:
+                self._w.execute("ROLLBACK")
+                raise
+            self._w.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in [*self._readers, self._w]:
+                conn.close()
+            self._readers.clear()
+
+    # ---- tasks ---------------------------------------------------------------------
+
+    def upsert_tasks(self, specs: Sequence[TaskSpec]) -> None:
+        """Add new tasks; refuse a known task whose split changed (splits stay apart)."""
+        known = {t.task_id: t for t in self.tasks()}
+        for spec in specs:
+            old = known.get(spec.task_id)
+            if old is not None and old.split != spec.split:
+                raise ConflictError(f"task {spec.task_id!r} is in split {old.split!r} in this "
+                                    f"run's store; the task list now says {spec.split!r}")
+        with self.write() as w:
+            w.executemany(
+                "INSERT OR IGNORE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(s.task_id, s.backend, s.name, s.seed, s.split, s.config, time.time()) for s in specs])
+
+    def tasks(self, split: str | None = None) -> list[TaskSpec]:
+        rows = self._r.execute("SELECT task_id, backend, name, seed, split, config FROM tasks "
+                               "WHERE ?1 IS NULL OR split = ?1 ORDER BY rowid", (split,))
+        return [TaskSpec(task_id=r[0], backend=r[1], name=r[2], seed=r[3], split=r[4], config=r[5])
+                for r in rows]
+
+    # ---- trajectories ------------------------------------------------------------------
+
+    def put_screenshots(self, traj: Trajectory) -> list[str]:
+        """Write the trajectory's screenshots as blobs (before its row commits)."""
+        return [self.blobs.put(png) for png in traj.screenshots]
+
+    def insert_trajectory(self, w: sqlite3.Connection, traj: Trajectory, digests: Sequence[str],
+                          pool_origin: str | None = None) -> bool:
+        """Insert inside the caller's transaction; False when the traj_id is already stored."""
+        versions = [s.policy_version for s in traj.steps] or [-1]
+        success = traj.status == "success"
+        cur = w.execute(
+            "INSERT OR IGNORE INTO trajectories (traj_id, task_id, reward, status, success, source,"
+            " worker_id, temperature, created_at, ingested_at, num_steps, num_screenshots,"
+            " min_version, max_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (traj.traj_id, traj.task_id, traj.reward, traj.status, success, traj.source,
+             traj.worker_id, traj.temperature, traj.created_at, time.time(), len(traj.steps),
+             len(digests), min(versions), max(versions)))
+        if cur.rowcount == 0:
+            return False
+        w.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
+            (traj.traj_id, i, s.policy_version, s.action, s.valid, len(s.prompt_ids),
+             len(s.response_ids), to_bytes(s)) for i, s in enumerate(traj.steps)])
+        w.executemany("INSERT INTO screenshots VALUES (?, ?, ?, ?)", [
+            (traj.traj_id, i, d, len(png)) for i, (d, png) in enumerate(zip(digests, traj.screenshots))])
+        w.executemany("INSERT OR IGNORE INTO policy_versions VALUES (?, ?, 'rollout')",
+                      [(v, time.time()) for v in sorted(set(versions)) if v >= 0])
+        if success:
+            origin = pool_origin or ("rollout" if traj.source == "rollout" else "import")
+            w.execute("INSERT OR IGNORE INTO pool VALUES (?, ?, ?, ?)",
+                      (traj.traj_id, traj.task_id, origin, time.time()))
+        return True
+
+    def has_trajectory(self, traj_id: str) -> bool:
+        return self._r.execute("SELECT 1 FROM trajectories WHERE traj_id = ?", (traj_id,)).fetchone() is not None
+
+    def load_trajectories(self, traj_ids: Sequence[str]) -> list[Trajectory]:
+        """The stored trajectories, in the order asked, with their steps and screenshots."""
+        if not traj_ids:
+            return []
+        marks = ",".join("?" * len(traj_ids))
+        r = self._r
+        steps: dict[str, list[Step]] = {t: [] for t in traj_ids}
+        for tid, payload in r.execute(f"SELECT traj_id, payload FROM steps WHERE traj_id IN ({marks}) "
+                                      "ORDER BY traj_id, idx", traj_ids):
+            steps[tid].append(from_bytes(payload, Step))
+        shots: dict[str, list[bytes]] = {t: [] for t in traj_ids}
+        for tid, digest in r.execute(f"SELECT traj_id, sha256 FROM screenshots WHERE traj_id IN ({marks}) "
+                                     "ORDER BY traj_id, idx", traj_ids):
+            shots[tid].append(self.blobs.get(digest))
+        rows = {row[0]: row for row in r.execute(
+            "SELECT traj_id, task_id, reward, status, worker_id, temperature, created_at, source "
+            f"FROM trajectories WHERE traj_id IN ({marks})", traj_ids)}
+        missing = [t for t in traj_ids if t not in rows]
+        if missing:
+            raise KeyError(f"trajectories not in the store: {missing[:5]}")
+        return [Trajectory(traj_id=t, task_id=rows[t][1], steps=steps[t], screenshots=shots[t],
+                           reward=rows[t][2], status=rows[t][3], worker_id=rows[t][4],
+                           temperature=rows[t][5], created_at=rows[t][6], source=rows[t][7])
+                for t in traj_ids]
+
+    def iter_trajectory_ids(self, success_only: bool = False, split: str | None = None,
+                            task_ids: Sequence[str] = ()) -> list[str]:
+        sql = ("SELECT t.traj_id FROM trajectories t JOIN tasks k USING (task_id) "
+               "WHERE (?1 = 0 OR t.success = 1) AND (?2 IS NULL OR k.split = ?2)")
+        args: list = [int(success_only), split]
+        if task_ids:
+            sql += f" AND t.task_id IN ({','.join('?' * len(task_ids))})"
+            args += list(task_ids)
+        return [r[0] for r in self._r.execute(sql + " ORDER BY t.seq", args)]
+
+    # ---- what curation reads -------------------------------------------------------------
+
+    def fresh_candidates(self, min_version: int) -> dict[str, list[TrajRecord]]:
+        """Unused rollouts of training tasks sampled at versions >= min_version, oldest first.
+        Environment errors never train (their reward says nothing about the policy)."""
+        rows = self._r.execute(
+            f"SELECT {_REC} FROM trajectories t WHERE used_batch IS NULL AND source = 'rollout'"
+            " AND status != 'env_error' AND min_version >= ?"
+            " AND task_id IN (SELECT task_id FROM tasks WHERE split = 'train') ORDER BY seq",
+            (min_version,))
+        out: dict[str, list[TrajRecord]] = {}
+        for row in rows:
+            rec = _record(row)
+            out.setdefault(rec.task_id, []).append(rec)
+        return out
+
+    def pool_successes(self, task_id: str, limit: int = 4) -> list[TrajRecord]:
+        """The task's experience pool, newest first."""
+        rows = self._r.execute(
+            f"SELECT {', '.join('t.' + c.strip() for c in _REC.split(','))} FROM pool p "
+            "JOIN trajectories t USING (traj_id) WHERE p.task_id = ? ORDER BY t.seq DESC LIMIT ?",
+            (task_id, limit))
+        return [_record(r) for r in rows]
+
+    def recent_outcomes(self, task_id: str, window: int) -> list[bool]:
+        """Success of the task's last `window` rollouts, newest first (env errors excluded)."""
+        rows = self._r.execute(
+            "SELECT success FROM trajectories WHERE task_id = ? AND source = 'rollout'"
+            " AND status != 'env_error' ORDER BY seq DESC LIMIT ?", (task_id, window))
+        return [bool(r[0]) for r in rows]
+
+    def success_lengths(self, task_id: str, window: int) -> list[int]:
+        """Step counts of the task's last `window` successes (rollouts and imports alike)."""
+        rows = self._r.execute("SELECT num_steps FROM trajectories WHERE task_id = ? AND success = 1"
+                               " ORDER BY seq DESC LIMIT ?", (task_id, window))
+        return [r[0] for r in rows]
+
+    def unused_counts(self, min_version: int) -> dict[str, int]:
+        rows = self._r.execute(
+            "SELECT task_id, count(*) FROM trajectories WHERE used_batch IS NULL AND source = 'rollout'"
+            " AND status != 'env_error' AND min_version >= ? GROUP BY task_id", (min_version,))
+        return dict(rows.fetchall())
+
+    # ---- batches and versions ---------------------------------------------------------------
+
+    def last_batch_id(self) -> int:
+        return self._r.execute("SELECT coalesce(max(batch_id), 0) FROM batches").fetchone()[0]
+
+    def record_batch(self, batch_id: int, trainer_version: int, groups: Sequence[Group]) -> None:
+        """Record the composition and mark its own (non-injected) trajectories used, atomically."""
+        items = [(m.traj_id, m.traj_id in g.injected) for g in groups for m in g.members]
+        with self.write() as w:
+            w.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
+                      (batch_id, trainer_version, time.time(), len(groups), len(items)))
+            w.executemany("INSERT INTO batch_items VALUES (?, ?, ?, ?)",
+                          [(batch_id, pos, tid, inj) for pos, (tid, inj) in enumerate(items)])
+            for tid, injected in items:
+                if not injected and w.execute(
+                        "UPDATE trajectories SET used_batch = ? WHERE traj_id = ? AND used_batch IS NULL",
+                        (batch_id, tid)).rowcount != 1:
+                    raise ConflictError(f"trajectory {tid} is already in a batch")
+
+    def batch(self, batch_id: int) -> tuple[int, list[tuple[str, bool]]] | None:
+        """(trainer_version, [(traj_id, injected), ...]) of a recorded batch, or None."""
+        row = self._r.execute("SELECT trainer_version FROM batches WHERE batch_id = ?", (batch_id,)).fetchone()
+        if row is None:
+            return None
+        items = self._r.execute("SELECT traj_id, injected FROM batch_items WHERE batch_id = ? ORDER BY pos",
+                                (batch_id,))
+        return row[0], [(t, bool(i)) for t, i in items]
+
+    def note_version(self, version: int, seen_by: str) -> None:
+        if self._r.execute("SELECT 1 FROM policy_versions WHERE version = ?", (version,)).fetchone():
+            return
+        with self.write() as w:
+            w.execute("INSERT OR IGNORE INTO policy_versions VALUES (?, ?, ?)", (version, time.time(), seen_by))
+
+    def latest_version(self) -> int:
+        return self._r.execute("SELECT coalesce(max(version), 0) FROM policy_versions").fetchone()[0]
+
+    def query(self, sql: str, args: Sequence = ()) -> list[tuple]:
+        """A read-only query on this thread's connection (stats, tests, tools)."""
+        return self._r.execute(sql, args).fetchall()
+
+
+def _record(row: tuple) -> TrajRecord:
+    return TrajRecord(traj_id=row[0], task_id=row[1], seq=row[2], success=bool(row[3]),
+                      num_steps=row[4], min_version=row[5], max_version=row[6])

@@ -1,0 +1,44 @@
+"""Synthetic tasks and trajectories for the data manager's tests and benchmark."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from dart_jax.wire.messages import Step, TaskSpec, Trajectory
+
+
+def task_specs(n_train: int, n_eval: int = 0, backend: str = "synthetic") -> list[TaskSpec]:
+    """`t0..` training tasks, then `e0..` evaluation tasks."""
+    return ([TaskSpec(task_id=f"t{i}", backend=backend, name=f"task-{i}", seed=i) for i in range(n_train)]
+            + [TaskSpec(task_id=f"e{i}", backend=backend, name=f"eval-{i}", seed=i, split="eval")
+               for i in range(n_eval)])
+
+
+def make_trajectory(traj_id: str, task_id: str, *, success: bool = False, steps: int = 3,
+                    version: int = 0, screenshot_bytes: int = 256, prompt_len: int = 16,
+                    response_len: int = 4, shared_screens: int = 0, source: str = "rollout",
+                    status: str | None = None) -> Trajectory:
+    """A deterministic trajectory (random bytes stand in for PNGs; the store never decodes
+    them). Screenshots are unique to the trajectory unless `shared_screens` > 0, which
+    draws them from that many contents shared by all trajectories (blob dedup)."""
+    rng = np.random.default_rng(zlib.crc32(traj_id.encode()))
+    shots = [_screen(rng, traj_id, i, screenshot_bytes, shared_screens) for i in range(steps)]
+    step_list = [Step(prompt_ids=rng.integers(0, 150_000, prompt_len, dtype=np.int32),
+                      response_ids=rng.integers(0, 150_000, response_len, dtype=np.int32),
+                      logprobs=-rng.random(response_len, dtype=np.float32),
+                      image_refs=list(range(max(0, i - 4), i + 1)), policy_version=version,
+                      response_text=f"Thought: step {i}\nAction: click(start_box='(1,2)')",
+                      action="click(start_box='(1,2)')") for i in range(steps)]
+    return Trajectory(traj_id=traj_id, task_id=task_id, steps=step_list, screenshots=shots,
+                      reward=1.0 if success else 0.0,
+                      status=status or ("success" if success else "failure"),
+                      worker_id="w0", created_at=1.0, source=source)
+
+
+def _screen(rng: np.random.Generator, traj_id: str, i: int, size: int, shared: int) -> bytes:
+    if shared:
+        key = zlib.crc32(f"{traj_id}/{i}".encode()) % shared
+        return np.random.default_rng(key).bytes(size)
+    return rng.bytes(size)

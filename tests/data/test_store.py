@@ -1,0 +1,94 @@
+"""Schema, migrations, round trips, idempotent group-commit ingestion and integrity."""
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from dart_jax.data import integrity, schema
+from dart_jax.data.ingest import IngestWriter, validate
+from dart_jax.data.store import ConflictError, Store
+from dart_jax.data.testing import make_trajectory
+from dart_jax.wire.messages import TaskSpec
+from tests.data.conftest import put
+
+
+def test_fresh_store_is_migrated_and_in_wal_mode(store, tmp_path):
+    assert schema.version(store._w) == len(schema.MIGRATIONS)
+    assert store.query("PRAGMA journal_mode") == [("wal",)]
+    store.close()
+    again = Store(tmp_path / "data" / "store.sqlite", tmp_path / "data" / "blobs")  # idempotent
+    assert schema.version(again._w) == len(schema.MIGRATIONS)
+    again.close()
+
+
+def test_newer_store_is_refused(tmp_path):
+    conn = sqlite3.connect(tmp_path / "s.sqlite")
+    conn.execute(f"PRAGMA user_version = {len(schema.MIGRATIONS) + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="newer than this build"):
+        Store(tmp_path / "s.sqlite", tmp_path / "b")
+
+
+def test_task_split_cannot_change(store):
+    moved = [TaskSpec(task_id="e0", backend="synthetic", name="eval-0", split="train")]
+    with pytest.raises(ConflictError, match="split"):
+        store.upsert_tasks(moved)
+    assert [t.task_id for t in store.tasks("eval")] == ["e0", "e1"]
+
+
+def test_round_trip_is_exact(store):
+    traj = make_trajectory("a", "t0", success=True, steps=4, version=3)
+    assert put(store, traj) == [True]
+    (back,) = store.load_trajectories(["a"])
+    assert back.screenshots == traj.screenshots
+    assert [s.image_refs for s in back.steps] == [s.image_refs for s in traj.steps]
+    for a, b in zip(back.steps, traj.steps):
+        np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        assert a.response_text == b.response_text and a.policy_version == 3
+    assert (back.reward, back.status, back.source) == (1.0, "success", "rollout")
+    assert store.query("SELECT traj_id FROM pool") == [("a",)]  # successes join the pool
+
+
+def test_identical_screenshots_are_stored_once(store):
+    put(store, *[make_trajectory(f"s{i}", "t0", steps=5, shared_screens=2) for i in range(6)])
+    assert len(store.blobs.digests()) == 2
+    assert integrity.check(store, deep=True) == []
+
+
+def test_writer_acks_duplicates_and_isolates_bad_rows(store):
+    writer = IngestWriter(store)
+    good = make_trajectory("g", "t1")
+    bad = make_trajectory("b", "nope")  # a foreign key failure fails alone
+    futs = [writer.submit(good, store.put_screenshots(good)),
+            writer.submit(good, store.put_screenshots(good)),
+            writer.submit(bad, store.put_screenshots(bad))]
+    assert futs[0].result(5) is False and futs[1].result(5) is True
+    with pytest.raises(sqlite3.IntegrityError):
+        futs[2].result(5)
+    writer.close()
+    assert store.query("SELECT traj_id FROM trajectories") == [("g",)]
+
+
+def test_validation_names_the_problem():
+    traj = make_trajectory("x", "t0", steps=2)
+    with pytest.raises(ValueError, match="unknown task"):
+        validate(traj, {"t1"})
+    traj.steps[1].image_refs.append(7)
+    with pytest.raises(ValueError, match=r"step 1: image_refs \[7\]"):
+        validate(traj, {"t0"})
+    traj = make_trajectory("y", "t0", steps=1)
+    traj.steps[0].logprobs = traj.steps[0].logprobs[:2]
+    with pytest.raises(ValueError, match="2 logprobs for 4 tokens"):
+        validate(traj, {"t0"})
+
+
+def test_integrity_check_finds_a_missing_blob(store):
+    put(store, make_trajectory("a", "t0"))
+    assert integrity.check(store) == []
+    digest = store.query("SELECT sha256 FROM screenshots LIMIT 1")[0][0]
+    store.blobs.path(digest).unlink()
+    assert integrity.check(store) == [f"blob {digest}: missing"]
+    orphan = store.blobs.put(b"never referenced")
+    assert integrity.orphan_blobs(store) == {orphan}
