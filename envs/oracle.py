@@ -1,0 +1,177 @@
+"""Scripted experts that read the instruction and `dom_text` and answer in model text.
+
+    text = oracle.act(task.backend, task.name, observation)   # "Thought: ...\nAction: ..."
+
+They drive tests (the full server/client path must solve tasks), and their texts are
+demonstrations for the experience pool: each answer is an `Action` rendered by
+`envs.actions.render`, the exact format the policy must learn. An oracle that meets a
+state it cannot handle answers `call_user()` (gives up).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from envs import dom
+from envs.actions import render
+from envs.dom import Element
+from envs.synthetic import HEADER
+from envs.types import Action, Observation
+
+Solver = Callable[[str, list[Element], Observation], Action]
+
+
+def act(backend: str, task_name: str, obs: Observation) -> str:
+    """The expert's next step for `obs`, as UI-TARS-1.5 text."""
+    solver = SOLVERS.get((backend, task_name))
+    if solver is None:
+        raise KeyError(f"no oracle for {backend}/{task_name}")
+    action = solver(obs.instruction, dom.parse(obs.dom_text), obs)
+    return render(action, (obs.width, obs.height))
+
+
+def supported() -> list[tuple[str, str]]:
+    return sorted(SOLVERS)
+
+
+def _quoted(text: str) -> list[str]:
+    return re.findall(r'"([^"]*)"', text)
+
+
+def _find(elements: list[Element], role: str, label: str | None = None) -> Element | None:
+    return next((e for e in elements if e.role == role and (label is None or e.label == label)), None)
+
+
+def _click(e: Element, why: str) -> Action:
+    return Action(kind="click", point=e.center, thought=why)
+
+
+def _give_up(why: str) -> Action:
+    return Action(kind="call_user", thought=why)
+
+
+def _type_into(e: Element, text: str) -> Action | None:
+    """The next step to make text box `e` hold exactly `text`, or None when it does."""
+    if e.value == text:
+        return None
+    if not e.focused:
+        return _click(e, f'Focus the "{e.label or "text"}" field.')
+    if e.value:
+        return Action(kind="hotkey", keys=("ctrl", "a"), thought="Select the wrong text to replace it.")
+    return Action(kind="type", content=text, thought=f'Type "{text}".')
+
+
+# ---- synthetic -----------------------------------------------------------------------------
+
+def _visible(e: Element, obs: Observation) -> Action | None:
+    """A scroll towards `e` when it is not fully on screen (below the header)."""
+    x, y, w, h = e.box
+    if y < HEADER:
+        return Action(kind="scroll", point=(obs.width / 2, obs.height / 2), direction="up",
+                      thought=f'"{e.label}" is above; scroll up.')
+    if y + h > obs.height:
+        return Action(kind="scroll", point=(obs.width / 2, obs.height / 2), direction="down",
+                      thought=f'"{e.label}" is below; scroll down.')
+    return None
+
+
+def _press(e: Element | None, obs: Observation, why: str) -> Action:
+    if e is None:
+        return _give_up("The element I need is missing.")
+    return _visible(e, obs) or _click(e, why)
+
+
+def _syn_click_button(instruction, elements, obs):
+    (label,) = _quoted(instruction)[:1]
+    return _press(_find(elements, "button", label), obs, f'Click the "{label}" button.')
+
+
+def _syn_select_item(instruction, elements, obs):
+    (label,) = _quoted(instruction)[:1]
+    return _press(_find(elements, "listitem", label), obs, f'Select "{label}".')
+
+
+def _syn_enter_text(instruction, elements, obs):
+    word, field = _quoted(instruction)[:2]
+    box = _find(elements, "textbox", field)
+    if box is None:
+        return _give_up("The text field is missing.")
+    step = _visible(box, obs) or _type_into(box, word)
+    return step or _press(_find(elements, "button", "Submit"), obs, "Submit the form.")
+
+
+def _syn_check_boxes(instruction, elements, obs):
+    wanted = set(_quoted(instruction))
+    for box in (e for e in elements if e.role == "checkbox"):
+        if box.checked != (box.label in wanted):
+            return _press(box, obs, f'Toggle "{box.label}".')
+    return _press(_find(elements, "button", "Submit"), obs, "Submit the selection.")
+
+
+def _syn_form(instruction, elements, obs):
+    name, plan = _quoted(instruction)[:2]
+    box = _find(elements, "textbox", "Name")
+    if box is not None:
+        step = _visible(box, obs) or _type_into(box, name)
+        return step or _press(_find(elements, "button", "Next"), obs, "Go to the next page.")
+    choice = _find(elements, "checkbox", plan)
+    if choice is not None and not choice.checked:
+        return _press(choice, obs, f'Choose the "{plan}" plan.')
+    return _press(_find(elements, "button", "Submit"), obs, "Submit the form.")
+
+
+# ---- MiniWoB++ -----------------------------------------------------------------------------
+
+def _mw_click_button(instruction, elements, obs):
+    (label,) = _quoted(instruction)[:1] or [""]
+    button = _find(elements, "button", label)
+    return _click(button, f'Click "{label}".') if button else _give_up("No such button.")
+
+
+def _mw_click_test_2(instruction, elements, obs):
+    match = re.search(r"button (\w+)", instruction)
+    button = _find(elements, "button", match.group(1)) if match else None
+    return _click(button, f"Click button {button.label}.") if button else _give_up("No such button.")
+
+
+def _mw_enter_text(instruction, elements, obs):
+    (word,) = _quoted(instruction)[:1] or [""]
+    box = _find(elements, "input_text")
+    if box is None:
+        return _give_up("No text field.")
+    step = _type_into(box, word)
+    submit = _find(elements, "button", "Submit")
+    return step or (_click(submit, "Submit.") if submit else _give_up("No Submit button."))
+
+
+def _mw_focus_text(instruction, elements, obs):
+    box = _find(elements, "input_text")
+    return _click(box, "Click into the text box.") if box else _give_up("No text box.")
+
+
+def _mw_click_checkboxes(instruction, elements, obs):
+    match = re.search(r"Select (.*) and click Submit", instruction)
+    if match is None:
+        return _give_up("Cannot read the instruction.")
+    words = match.group(1).strip()
+    wanted = set() if words == "nothing" else {w.strip() for w in words.split(",")}
+    for box in (e for e in elements if e.role == "input_checkbox"):
+        if box.checked != (box.label in wanted):
+            return _click(box, f'Toggle "{box.label}".')
+    submit = _find(elements, "button", "Submit")
+    return _click(submit, "Submit.") if submit else _give_up("No Submit button.")
+
+
+SOLVERS: dict[tuple[str, str], Solver] = {
+    ("synthetic", "click-button"): _syn_click_button,
+    ("synthetic", "select-item"): _syn_select_item,
+    ("synthetic", "enter-text"): _syn_enter_text,
+    ("synthetic", "check-boxes"): _syn_check_boxes,
+    ("synthetic", "form"): _syn_form,
+    ("miniwob", "click-button"): _mw_click_button,
+    ("miniwob", "click-test-2"): _mw_click_test_2,
+    ("miniwob", "enter-text"): _mw_enter_text,
+    ("miniwob", "focus-text"): _mw_focus_text,
+    ("miniwob", "click-checkboxes"): _mw_click_checkboxes,
+}
