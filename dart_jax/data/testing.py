@@ -42,3 +42,10 @@ def _screen(rng: np.random.Generator, traj_id: str, i: int, size: int, shared: i
         key = zlib.crc32(f"{traj_id}/{i}".encode()) % shared
         return np.random.default_rng(key).bytes(size)
     return rng.bytes(size)
+
+
+def put(store, *trajs: Trajectory) -> list[bool]:
+    """Commit trajectories the way ingestion does (blobs first, then one transaction)."""
+    items = [(t, store.put_screenshots(t)) for t in trajs]
+    with store.write() as w:
+        return [store.insert_trajectory(w, t, d) for t, d in items]

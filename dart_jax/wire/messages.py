@@ -134,5 +134,189 @@ class NoBatch(Msg):
     retry_after_s: float
 
 
+# ---- data manager extras -----------------------------------------------------------------
+
+class TaskStats(Msg):
+    """One task's record for dashboards; rates over rollouts (environment errors excluded)."""
+    task_id: str
+    split: str
+    attempts: int
+    successes: int
+    env_errors: int
+    success_rate: float
+    recent_success_rate: float  # over the curation window: what sets the rollout count
+    rollouts: int  # rollout count the scheduler assigns now
+    max_steps: int  # step limit the scheduler assigns now
+    mean_steps: float
+    mean_success_steps: float
+    min_version: int
+    max_version: int
+    unused: int
+    pool: int
+
+
+class StatsRequest(Msg):
+    task_ids: list[str] = []  # empty: every task
+
+
+class DataStats(Msg):
+    tasks: list[TaskStats]
+    trajectories: int
+    steps: int
+    batches: int
+    pool: int
+    latest_version: int
+
+
+class PoolImport(Msg):
+    """Import successes from a *.traj directory or a JSONL file on the data manager's host."""
+    path: str
+
+
+class PoolImported(Msg):
+    imported: int
+    duplicates: int
+    skipped: int
+
+
+class ExportTrajectories(Msg):
+    """Write trajectories (SFT, analysis) to a path on the data manager's host."""
+    path: str
+    format: Literal["traj", "jsonl"] = "jsonl"
+    success_only: bool = False
+    split: Literal["train", "eval", "all"] = "all"
+
+
+class Exported(Msg):
+    path: str
+    count: int
+
+# ---- end of data manager extras ----------------------------------------------------------
+
+
+# ---- rollout worker <-> env server --------------------------------------------------------
+# A worker leases a slot (EnvAcquire -> EnvLease), runs episodes on it (EnvReset, EnvStep with
+# the model's raw text, EnvEvaluate) and gives it back (EnvRelease). Every lease-bearing
+# request renews the lease; EnvHeartbeat renews many at once. A lease not renewed within
+# `lease_s` is reclaimed. EnvStep carries the step index so a retried step is answered
+# from the server's cache instead of being applied twice.
+
+EnvStepStatus = Literal["ok", "invalid", "env_error"]
+
+
+class EnvAcquire(Msg):
+    client_id: str
+    backend: str = ""  # "" = any backend
+
+
+class EnvLease(Msg):
+    lease_id: str
+    slot: int
+    backend: str
+    lease_s: float
+
+
+class EnvHeartbeat(Msg):
+    lease_ids: list[str]
+
+
+class EnvHeartbeatAck(Msg):
+    alive: list[str]  # the leases still held; the others were reclaimed or released
+
+
+class EnvReset(Msg):
+    lease_id: str
+    task: TaskSpec
+
+
+class EnvStep(Msg):
+    lease_id: str
+    step: int  # index of this step in the episode (0-based): makes retries idempotent
+    action: str  # the model's text, "Thought: ...\nAction: ..." (UI-TARS-1.5)
+
+
+class EnvObservation(Msg):
+    screenshot: bytes  # PNG
+    width: int
+    height: int
+    instruction: str
+    dom_text: str = ""  # envs.dom format, when the backend has one
+
+
+class EnvReply(Msg):
+    """The answer to EnvReset (step 0) and EnvStep. `status`: the action ran (ok), could
+    not be parsed (invalid: penalised, or the episode ends, by server config), or the
+    environment failed (env_error: the episode is over and must not be trained on).
+    `action` is the canonical text of the parsed action ("" when invalid)."""
+    lease_id: str
+    episode_id: str
+    step: int
+    status: EnvStepStatus
+    done: bool
+    observation: EnvObservation | None = None
+    action: str = ""
+    message: str = ""
+
+
+class EnvEvaluate(Msg):
+    lease_id: str
+
+
+class EnvReward(Msg):
+    """The evaluator's reward in [0, 1] (less the invalid-action penalty) and the status."""
+    lease_id: str
+    episode_id: str
+    reward: float
+    status: TrajectoryStatus
+    steps: int
+    invalid_steps: int
+
+
+class EnvRelease(Msg):
+    lease_id: str
+
+
+class EnvReleased(Msg):
+    lease_id: str
+
+
+class EnvListTasks(Msg):
+    backend: str
+
+
+class EnvTaskList(Msg):
+    backend: str
+    names: list[str]
+
+
+class EnvStatsRequest(Msg):
+    reset: bool = False  # start a new measurement window after answering
+
+
+class EnvSlotStats(Msg):
+    slot: int
+    backend: str
+    state: Literal["free", "leased", "restarting"]
+    wall_s: float  # length of the measurement window
+    busy_s: float  # time inside reset/step/evaluate calls in the window
+    utilization: float
+    episodes: int
+    steps: int
+    env_errors: int
+    restarts: int
+
+
+class EnvStats(Msg):
+    slots: list[EnvSlotStats]
+    uptime_s: float
+
+# ---- end of rollout worker <-> env server --------------------------------------------------
+
+
 Message = Union[Error, Ping, Pong, TaskSpec, Step, Trajectory, TaskRequest, TaskAssignment,
-                NoTask, SubmitTrajectory, TrajectoryAck, BatchRequest, CuratedBatch, NoBatch]
+                NoTask, SubmitTrajectory, TrajectoryAck, BatchRequest, CuratedBatch, NoBatch,
+                TaskStats, StatsRequest, DataStats, PoolImport, PoolImported, ExportTrajectories,
+                Exported,
+                EnvAcquire, EnvLease, EnvHeartbeat, EnvHeartbeatAck, EnvReset, EnvStep, EnvReply,
+                EnvEvaluate, EnvReward, EnvRelease, EnvReleased, EnvListTasks, EnvTaskList,
+                EnvStatsRequest, EnvStats]

@@ -11,9 +11,3 @@ def store(tmp_path):
     yield s
     s.close()
 
-
-def put(store, *trajs):
-    """Commit trajectories the way ingestion does (blobs first, then one transaction)."""
-    items = [(t, store.put_screenshots(t)) for t in trajs]
-    with store.write() as w:
-        return [store.insert_trajectory(w, t, d) for t, d in items]

@@ -8,9 +8,8 @@ import pytest
 from dart_jax.data import integrity, schema
 from dart_jax.data.ingest import IngestWriter, validate
 from dart_jax.data.store import ConflictError, Store
-from dart_jax.data.testing import make_trajectory
+from dart_jax.data.testing import make_trajectory, put
 from dart_jax.wire.messages import TaskSpec
-from tests.data.conftest import put
 
 
 def test_fresh_store_is_migrated_and_in_wal_mode(store, tmp_path):

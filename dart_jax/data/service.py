@@ -1,0 +1,142 @@
+"""`dart-jax data-manager`: the process that owns the run's store (no JAX import).
+
+    python -m dart_jax.data.service --run-dir runs/local [--config data.yaml] [key=value ...]
+
+Serves, on one ROUTER socket (`cfg.wire.endpoint`):
+  TaskRequest -> TaskAssignment | NoTask        rollout workers: next task, rollouts, step limit
+  SubmitTrajectory -> TrajectoryAck             after commit; idempotent by traj_id
+  BatchRequest -> CuratedBatch | NoBatch        the trainer: curated GRPO groups, replayable
+  StatsRequest -> DataStats                     dashboards
+  PoolImport -> PoolImported, ExportTrajectories -> Exported
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from pathlib import Path
+
+from dart_jax.config import apply_overrides, from_dict, load
+from dart_jax.data import ingest, pool, stats
+from dart_jax.data.batches import BatchAssembler
+from dart_jax.data.config import DataManagerConfig
+from dart_jax.data.scheduler import Scheduler
+from dart_jax.data.store import ConflictError, Store
+from dart_jax.data.tasks import load_tasks
+from dart_jax.wire import Server
+from dart_jax.wire.messages import (BatchRequest, Error, ExportTrajectories, Exported, Message,
+                                    PoolImport, PoolImported, StatsRequest, SubmitTrajectory,
+                                    TaskRequest, Trajectory, TrajectoryAck)
+
+log = logging.getLogger(__name__)
+
+
+class DataManager:
+    """The request handler and the state behind it; `run` wires it to a server."""
+
+    def __init__(self, cfg: DataManagerConfig, run_dir: Path):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.store = Store.open(cfg.store, self.run_dir)
+        self.store.blobs.remove_temporaries()  # a killed writer's half-written blobs
+        self.store.upsert_tasks(load_tasks(cfg.tasks, self.run_dir))
+        self.known_tasks = frozenset(t.task_id for t in self.store.tasks())
+        for path in cfg.pool.import_paths:
+            got = pool.import_pool(self.store, self.run_dir / path)
+            log.info("pool import %s: %s", path, got)
+        self.scheduler = Scheduler(self.store, cfg.curation)
+        self.batches = BatchAssembler(self.store, cfg.curation)
+        self.latest_version = self.store.latest_version()
+        self.writer = ingest.IngestWriter(self.store, cfg.store.group_commit_max, self._committed)
+
+    def handle(self, msg: Message) -> Message:
+        try:
+            if isinstance(msg, SubmitTrajectory):
+                return self.submit(msg.trajectory)
+            if isinstance(msg, TaskRequest):
+                self._saw_version(msg.policy_version, "rollout")
+                return self.scheduler.next(self.latest_version)
+            if isinstance(msg, BatchRequest):
+                self._saw_version(msg.trainer_version, "trainer")
+                return self.batches.handle(msg)
+            if isinstance(msg, StatsRequest):
+                return stats.collect(self.store, self.cfg.curation, msg.task_ids)
+            if isinstance(msg, PoolImport):
+                got = pool.import_pool(self.store, self.run_dir / msg.path)
+                return PoolImported(imported=got.imported, duplicates=got.duplicates, skipped=got.skipped)
+            if isinstance(msg, ExportTrajectories):
+                split = None if msg.split == "all" else msg.split
+                count = pool.export(self.store, self.run_dir / msg.path, msg.format, msg.success_only, split)
+                return Exported(path=str(self.run_dir / msg.path), count=count)
+        except ValueError as e:
+            return Error(code="bad_request", message=str(e))
+        except ConflictError as e:
+            return Error(code="conflict", message=str(e))
+        return Error(code="bad_request", message=f"the data manager does not serve {type(msg).__name__}")
+
+    def submit(self, traj: Trajectory) -> TrajectoryAck:
+        """Validate, write blobs, queue for the group commit, and ack once committed."""
+        ingest.validate(traj, self.known_tasks)
+        if self.store.has_trajectory(traj.traj_id):
+            return TrajectoryAck(traj_id=traj.traj_id, duplicate=True)
+        digests = self.store.put_screenshots(traj)
+        duplicate = self.writer.submit(traj, digests).result()
+        return TrajectoryAck(traj_id=traj.traj_id, duplicate=duplicate)
+
+    def _committed(self, traj: Trajectory) -> None:
+        self.scheduler.on_ingested(traj.task_id)
+        if traj.steps:
+            self._saw_version(max(s.policy_version for s in traj.steps), None)
+
+    def _saw_version(self, version: int, seen_by: str | None) -> None:
+        if version > self.latest_version:
+            self.latest_version = version
+        if seen_by is not None and version >= 0:
+            self.store.note_version(version, seen_by)
+
+    def info(self) -> dict:
+        return {"latest_version": self.latest_version, "tasks": len(self.known_tasks)}
+
+    def close(self) -> None:
+        self.writer.close()
+        self.store.close()
+
+
+def serve(cfg: DataManagerConfig, run_dir: Path, stop: threading.Event) -> None:
+    """Serve until `stop` is set (tests and `run`)."""
+    manager = DataManager(cfg, run_dir)
+    server = Server(cfg.wire, manager.handle, role="data-manager",
+                    workers=cfg.store.handler_threads, info=manager.info).start()
+    log.info("data manager serving %s (store %s)", server.endpoint, manager.store.db_path)
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+        manager.close()
+
+
+def run(cfg: DataManagerConfig, run_dir: Path) -> None:
+    """Block serving until SIGTERM or SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve(cfg, run_dir, stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dart_jax.data.service", description=__doc__.split("\n")[0])
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--config", type=Path, help="YAML of a DataManagerConfig (defaults without)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    args = parser.parse_args(argv)
+    if args.config:
+        cfg = load(DataManagerConfig, args.config, args.overrides)
+    else:
+        cfg = from_dict(DataManagerConfig, apply_overrides({}, args.overrides, "override"), "override")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s data-manager %(levelname)s %(message)s")
+    run(cfg, args.run_dir)
+
+
+if __name__ == "__main__":
+    main()

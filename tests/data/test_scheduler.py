@@ -1,0 +1,70 @@
+"""Task scheduling: least-pending training task, its rollout count and step limit."""
+
+import dataclasses
+
+from dart_jax.data.config import CurationConfig
+from dart_jax.data.scheduler import Scheduler
+from dart_jax.data.store import Store
+from dart_jax.data.testing import make_trajectory, put
+from dart_jax.wire.messages import NoTask, TaskAssignment
+
+CFG = CurationConfig()
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+def test_hands_out_training_tasks_round_robin(store):
+    sched = Scheduler(store, CFG, clock=Clock())
+    got = [sched.next(latest_version=0) for _ in range(12)]
+    assert all(isinstance(a, TaskAssignment) for a in got)
+    assert [a.task.task_id for a in got] == [f"t{i}" for i in range(10)] + ["t0", "t1"]
+    assert {(a.num_rollouts, a.max_steps) for a in got} == {(8, 30)}  # no history yet
+
+
+def test_rollout_count_and_step_limit_follow_the_history(store):
+    # t3: 9 successes of 10 recent rollouts -> s = 0.9 -> 3 rollouts; success lengths 4..12.
+    put(store, *[make_trajectory(f"a{i}", "t3", success=i > 0, steps=3 + i, version=0) for i in range(10)])
+    sched = Scheduler(store, dataclasses.replace(CFG, max_staleness=0), clock=Clock())
+    assert sched.plan("t3") == (3, 14)  # p90 of 4..12 (nearest rank 9 of 9) = 12, + 2
+    # its 10 stored rollouts are stale at version 1, so it is not starved of new ones
+    assert sched.next(latest_version=1).task.task_id == "t0"
+
+
+def test_pending_rollouts_steer_the_choice_and_arrivals_release_them(store):
+    cfg = dataclasses.replace(CFG, max_pending_per_task=8)
+    sched = Scheduler(store, cfg, clock=Clock())
+    sched.tasks = sched.tasks[:2]  # two tasks: t0, t1
+    a, b = sched.next(0), sched.next(0)
+    assert (a.task.task_id, b.task.task_id) == ("t0", "t1")
+    assert isinstance(sched.next(0), NoTask)  # both have 8 in flight
+    for i in range(8):  # t1's rollouts arrive: they are pending (unused) in the store now
+        put(store, make_trajectory(f"r{i}", "t1"))
+        sched.on_ingested("t1")
+    assert isinstance(sched.next(0), NoTask)
+    with store.write() as w:  # a batch consumed them
+        w.execute("INSERT INTO batches VALUES (1, 0, 0, 1, 8)")
+        w.execute("UPDATE trajectories SET used_batch = 1")
+    assert sched.next(0).task.task_id == "t1"
+
+
+def test_in_flight_assignments_expire(store):
+    clock = Clock()
+    sched = Scheduler(store, dataclasses.replace(CFG, max_pending_per_task=8, assignment_timeout_s=5), clock)
+    sched.tasks = sched.tasks[:1]
+    sched.next(0)
+    assert isinstance(sched.next(0), NoTask)
+    clock.t += 10
+    assert isinstance(sched.next(0), TaskAssignment)
+
+
+def test_no_training_tasks(tmp_path):
+    empty = Store(tmp_path / "s.sqlite", tmp_path / "b")
+    assert isinstance(Scheduler(empty, CFG).next(0), NoTask)
+    empty.close()
