@@ -97,7 +97,7 @@ _SIGNATURES: dict[str, tuple[set[str], set[str]]] = {  # kind: (required, option
 
 _NAMED_KEYS = {"enter", "tab", "esc", "space", "backspace", "delete", "insert", "home", "end",
                "pageup", "pagedown", "up", "down", "left", "right", "ctrl", "shift", "alt",
-               "meta", "capslock", *(f"f{i}" for i in range(1, 13))}
+               "meta", *(f"f{i}" for i in range(1, 13))}
 _KEY_ALIASES = {"return": "enter", "escape": "esc", "control": "ctrl", "cmd": "meta",
                 "command": "meta", "win": "meta", "super": "meta", "del": "delete",
                 "arrowup": "up", "arrowdown": "down", "arrowleft": "left", "arrowright": "right",

@@ -132,7 +132,20 @@ def _mw_click_button(instruction, elements, obs):
 def _mw_click_test_2(instruction, elements, obs):
     match = re.search(r"button (\w+)", instruction)
     button = _find(elements, "button", match.group(1)) if match else None
-    return _click(button, f"Click button {button.label}.") if button else _give_up("No such button.")
+    if button is None:
+        return _give_up("No such button.")
+    others = [e.box for e in elements if e.role == "button" and e is not button]
+    return Action(kind="click", point=_uncovered(button.box, others), thought=f"Click button {button.label}.")
+
+
+def _uncovered(box, others) -> tuple[float, float]:
+    """The point of `box` nearest its center that no other box covers (buttons overlap)."""
+    x, y, w, h = box
+    grid = [(x + w * i / 8, y + h * j / 8) for i in range(1, 8) for j in range(1, 8)]
+    free = [p for p in grid if not any(ox <= p[0] <= ox + ow and oy <= p[1] <= oy + oh
+                                       for ox, oy, ow, oh in others)]
+    center = (x + w / 2, y + h / 2)
+    return min(free or [center], key=lambda p: (p[0] - center[0]) ** 2 + (p[1] - center[1]) ** 2)
 
 
 def _mw_enter_text(instruction, elements, obs):

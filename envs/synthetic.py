@@ -23,7 +23,7 @@ import random
 from PIL import Image, ImageDraw, ImageFont
 
 from envs import dom
-from envs.types import Action, Observation, StepResult, Task
+from envs.types import Action, Observation, StepResult, Task, TaskError
 
 TASKS = ("click-button", "enter-text", "check-boxes", "select-item", "form")
 HEADER = 40
@@ -66,7 +66,7 @@ class SyntheticEnv:
 
     def reset(self, task: Task) -> Observation:
         if task.name not in TASKS:
-            raise ValueError(f"unknown synthetic task {task.name!r} (known: {', '.join(TASKS)})")
+            raise TaskError(f"unknown synthetic task {task.name!r} (known: {', '.join(TASKS)})")
         difficulty = int(task.config.get("difficulty", self.difficulty))
         rng = random.Random(f"{task.name}:{difficulty}:{task.seed}")
         self.task, self.scene = task, _GENERATORS[task.name](rng, difficulty, self.size[0])

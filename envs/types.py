@@ -20,6 +20,10 @@ ScrollDirection = Literal["up", "down", "left", "right"]
 Point = tuple[float, float]
 
 
+class TaskError(ValueError):
+    """The task itself is bad (unknown name, malformed config): the caller's mistake."""
+
+
 class EnvError(RuntimeError):
     """The environment itself failed (browser or VM crash, timeout): not the agent's fault.
     The episode ends with status `env_error` and the slot restarts its backend."""
@@ -42,9 +46,9 @@ class Task:
         try:
             config = json.loads(spec.config) if spec.config else {}
         except json.JSONDecodeError as e:
-            raise ValueError(f"task {spec.task_id}: config is not JSON ({e})") from None
+            raise TaskError(f"task {spec.task_id}: config is not JSON ({e})") from None
         if not isinstance(config, dict):
-            raise ValueError(f"task {spec.task_id}: config must be a JSON object")
+            raise TaskError(f"task {spec.task_id}: config must be a JSON object")
         return cls(id=spec.task_id, backend=spec.backend, name=spec.name, seed=spec.seed,
                    instruction=str(config.get("instruction", "")), config=config)
 

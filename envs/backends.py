@@ -1,0 +1,31 @@
+"""Backend factory: a slot spec -> a fresh `Env`; heavy backends are imported lazily."""
+
+from __future__ import annotations
+
+from envs.config import MiniWoBSlots, OSWorldSlots, SlotSpec, SyntheticSlots
+from envs.types import Env
+
+
+def make_env(spec: SlotSpec, index: int = 0) -> Env:
+    """A new environment for slot `index` of its spec (starts a browser or VM if needed)."""
+    if isinstance(spec, SyntheticSlots):
+        from envs.synthetic import SyntheticEnv
+        return SyntheticEnv(spec.width, spec.height, spec.difficulty)
+    if isinstance(spec, MiniWoBSlots):
+        from envs.miniwob_env import MiniWoBEnv
+        return MiniWoBEnv(spec)
+    if isinstance(spec, OSWorldSlots):
+        from envs.osworld import OSWorldEnv
+        return OSWorldEnv(spec, index)
+    raise TypeError(f"unknown slot spec {type(spec).__name__}")
+
+
+def task_names(spec: SlotSpec) -> list[str]:
+    """The task names a backend serves (OSWorld tasks are files: none are listed)."""
+    if isinstance(spec, SyntheticSlots):
+        from envs.synthetic import TASKS
+        return list(TASKS)
+    if isinstance(spec, MiniWoBSlots):
+        from envs.miniwob_env import task_names as miniwob_tasks
+        return miniwob_tasks()
+    return []

@@ -1,0 +1,94 @@
+"""Configuration of the env server: its wire link, its slots (backends) and its policies.
+
+    env_server:
+      wire: {endpoint: "tcp://127.0.0.1:5555"}
+      slots:
+        - {type: miniwob, count: 4}
+        - {type: synthetic, count: 16, difficulty: 2}
+      invalid_action: penalty   # or: end
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Union
+
+from dart_jax.config import bounded
+from dart_jax.wire.config import WireConfig
+from envs.actions import ImageSpace
+
+CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+               "--disable-background-networking", "--disable-component-update", "--no-first-run",
+               "--disable-sync", "--disable-extensions", "--disable-default-apps", "--mute-audio",
+               "--no-default-browser-check", "--disable-features=Translate,MediaRouter",
+               "--password-store=basic")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSlots:
+    type: Literal["synthetic"] = "synthetic"
+    count: int = bounded(1, ge=1)
+    width: int = bounded(400, ge=100)
+    height: int = bounded(300, ge=100)
+    difficulty: int = bounded(1, ge=1, le=3)  # default; a task's config may override it
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniWoBSlots:
+    """MiniWoB++ in headless Chromium (one browser per slot). Rewards are the raw task
+    rewards (no time scaling) and the page's wall-clock episode limit is lifted."""
+    type: Literal["miniwob"] = "miniwob"
+    count: int = bounded(1, ge=1)
+    chrome_binary: str = "/usr/bin/chromium"
+    chromedriver: str = "/usr/bin/chromedriver"
+    headless: bool = True
+    chrome_args: tuple[str, ...] = CHROME_ARGS
+    settle_ms: float = bounded(0.0, ge=0)  # pause after each action (animations)
+    scroll_px: int = bounded(50, ge=1)  # wheel distance of one scroll action
+
+
+@dataclasses.dataclass(frozen=True)
+class OSWorldSlots:
+    """OSWorld desktops. `provider: remote` talks to an in-VM server at `remote_url`
+    (host:5000) without desktop-env; other providers start VMs through desktop-env's
+    providers (a separate environment on OSWorld hosts, see envs/osworld.py)."""
+    type: Literal["osworld"] = "osworld"
+    count: int = bounded(1, ge=1)
+    provider: Literal["remote", "docker", "vmware", "virtualbox", "aws", "azure", "gcp"] = "docker"
+    remote_urls: tuple[str, ...] = ()  # provider remote: one http://HOST:5000 per slot
+    path_to_vm: str = ""
+    region: str = ""
+    snapshot_name: str = "init_state"
+    os_type: str = "Ubuntu"
+    screen_width: int = bounded(1920, ge=100)
+    screen_height: int = bounded(1080, ge=100)
+    accessibility_tree: bool = False
+    cache_dir: str = "cache"
+    settle_s: float = bounded(1.0, ge=0)  # pause after each action before the screenshot
+    http_timeout_s: float = bounded(60.0, gt=0)
+
+
+SlotSpec = Union[SyntheticSlots, MiniWoBSlots, OSWorldSlots]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvServerConfig:
+    wire: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5555")
+    slots: tuple[SlotSpec, ...] = (SyntheticSlots(count=4),)
+    lease_s: float = bounded(60.0, gt=0)  # a client silent this long loses its slot
+    reset_timeout_s: float = bounded(120.0, gt=0)
+    step_timeout_s: float = bounded(60.0, gt=0)
+    evaluate_timeout_s: float = bounded(300.0, gt=0)
+    invalid_action: Literal["penalty", "end"] = "penalty"
+    invalid_penalty: float = bounded(0.0, ge=0, le=1)  # subtracted per invalid step, reward >= 0
+    reset_retries: int = bounded(1, ge=0)  # restarts of a failed backend before reset gives up
+    image: ImageSpace = ImageSpace()  # the policy's image resizing: must match the rollout side
+
+    def __post_init__(self) -> None:
+        if not self.slots:
+            raise ValueError("slots: at least one slot spec is needed")
+        for spec in self.slots:
+            if isinstance(spec, OSWorldSlots) and spec.provider == "remote" and \
+                    len(spec.remote_urls) != spec.count:
+                raise ValueError(f"osworld remote: {spec.count} slots need {spec.count} remote_urls, "
+                                 f"got {len(spec.remote_urls)}")
