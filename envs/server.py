@@ -121,10 +121,12 @@ class Slot:
 
     def _abandon(self) -> None:
         """The slot thread is stuck in a backend call: kill the backend so the call fails,
-        and continue on a new thread (the old one exits when its call returns)."""
-        log.error("slot %d: backend call overran its deadline; restarting it", self.index)
+        and continue on a new thread (the old one exits when its call returns). The
+        caller reports the failure, which restarts the backend."""
+        log.error("slot %d: backend call overran its deadline; killing the backend", self.index)
         old, self.pool = self.pool, ThreadPoolExecutor(1, thread_name_prefix=f"slot{self.index}")
-        self.restart()
+        env, self.env = self.env, None
+        _kill(env)
         old.shutdown(wait=False, cancel_futures=True)
 
     def stats(self, now: float) -> EnvSlotStats:

@@ -1,0 +1,296 @@
+"""OSWorld desktops: UI-TARS actions as pyautogui commands, scored by the official evaluator.
+
+Two layers:
+
+- Ours, always available: task JSON loading and checks (`load_task`, `load_tasks`,
+  `task_spec`), the UI-TARS -> pyautogui translation (`to_pyautogui`) and an HTTP client
+  of the in-VM server on port 5000 (`VMClient`: /screenshot, /accessibility, /execute).
+- `desktop-env` (the official package), imported lazily: its providers start and revert
+  VMs (docker, vmware, virtualbox, aws, azure, gcp), its SetupController runs a task's
+  `config` steps and its `DesktopEnv.evaluate` is the reward. desktop-env 1.0.2 pins
+  numpy<2, torch~=2.5 and transformers~=4.35, so it cannot live in the trainer's
+  environment: OSWorld env servers run in their own environment (the `envs` extra plus
+  `desktop-env`).
+
+Infeasible tasks are scored the official way: 1 when the agent's last action is FAIL
+(UI-TARS `call_user()`), else 0. Nothing forces a FAIL at the step limit.
+
+`provider: remote` drives an already running VM at `http://HOST:5000`. With desktop-env
+importable it still uses the official setup and evaluator (no snapshot revert: the VM is
+used as it is). Without desktop-env only tasks with no setup steps and the `infeasible`
+evaluator can run (enough for smoke tests of a VM); other tasks are refused on reset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from PIL import Image
+
+from envs.config import OSWorldSlots
+from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
+
+log = logging.getLogger(__name__)
+
+PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
+SPECIAL = {"wait": "WAIT", "finished": "DONE", "call_user": "FAIL"}
+_PYAUTOGUI_KEYS = {"meta": "win", "esc": "esc"}
+_SCROLL_CLICKS = 5
+
+
+# ---- tasks -------------------------------------------------------------------------------
+
+def load_task(source: dict | str | Path) -> dict:
+    """An OSWorld example (a dict, JSON text or a path to a .json file), checked."""
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+        try:
+            source = Path(source).read_text()
+        except OSError as e:
+            raise TaskError(f"cannot read OSWorld task {source}: {e.strerror}") from None
+    if isinstance(source, str):
+        try:
+            source = json.loads(source)
+        except json.JSONDecodeError as e:
+            raise TaskError(f"OSWorld task is not JSON: {e}") from None
+    if not isinstance(source, dict):
+        raise TaskError("an OSWorld task must be a JSON object")
+    for key, kind in (("id", str), ("instruction", str), ("evaluator", dict)):
+        if not isinstance(source.get(key), kind):
+            raise TaskError(f"OSWorld task {source.get('id', '?')}: {key!r} must be a {kind.__name__}")
+    func = source["evaluator"].get("func")
+    if not (isinstance(func, str) or (isinstance(func, list) and func and all(isinstance(f, str) for f in func))):
+        raise TaskError(f"OSWorld task {source['id']}: evaluator.func must be a name or a list of names")
+    if not isinstance(source.get("config", []), list):
+        raise TaskError(f"OSWorld task {source['id']}: config must be a list of setup steps")
+    return source
+
+
+def load_tasks(examples_dir: str | Path, index: str | Path | None = None) -> list[dict]:
+    """The examples under `examples_dir/<domain>/<id>.json`, or those an index file
+    (`{"domain": ["id", ...]}`, like test_all.json) names."""
+    root = Path(examples_dir)
+    if index is None:
+        paths = sorted(root.glob("*/*.json"))
+    else:
+        try:
+            listing = json.loads(Path(index).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TaskError(f"cannot read OSWorld index {index}: {e}") from None
+        paths = [root / domain / f"{task_id}.json" for domain, ids in listing.items() for task_id in ids]
+    return [load_task(p) for p in paths]
+
+
+def task_spec(example: dict, split: str = "train") -> Any:
+    """The wire TaskSpec of an OSWorld example (the example travels whole in `config`)."""
+    from dart_jax.wire.messages import TaskSpec
+    return TaskSpec(task_id=f"osworld/{example['id']}", backend="osworld", name=example["id"],
+                    split=split, config=json.dumps({"example": example}))
+
+
+def _example(task: Task) -> dict:
+    if "example" in task.config:
+        return load_task(task.config["example"])
+    if "path" in task.config:
+        return load_task(Path(task.config["path"]))
+    raise TaskError(f"task {task.id}: config needs 'example' (an OSWorld task JSON) or 'path'")
+
+
+# ---- actions -------------------------------------------------------------------------------
+
+def to_pyautogui(action: Action) -> str:
+    """The pyautogui command for an action, or WAIT / DONE / FAIL (OSWorld's specials).
+    Every string is embedded with repr(), so typed text cannot escape its literal."""
+    if action.kind in SPECIAL:
+        return SPECIAL[action.kind]
+    x, y = _px(action.point) if action.point is not None else (None, None)
+    if action.kind == "click":
+        return f"pyautogui.click({x}, {y}, button='left')"
+    if action.kind == "left_double":
+        return f"pyautogui.doubleClick({x}, {y}, button='left')"
+    if action.kind == "right_single":
+        return f"pyautogui.click({x}, {y}, button='right')"
+    if action.kind == "drag":
+        x2, y2 = _px(action.end_point)
+        return f"pyautogui.moveTo({x}, {y}); pyautogui.dragTo({x2}, {y2}, duration=0.5, button='left')"
+    if action.kind == "hotkey":
+        return f"pyautogui.hotkey({', '.join(repr(_PYAUTOGUI_KEYS.get(k, k)) for k in action.keys)})"
+    if action.kind == "type":
+        return _type_command(action.content)
+    if action.kind == "scroll":
+        where = f", x={x}, y={y}" if x is not None else ""
+        clicks = _SCROLL_CLICKS if action.direction in ("up", "left") else -_SCROLL_CLICKS
+        fn = "scroll" if action.direction in ("up", "down") else "hscroll"
+        return f"pyautogui.{fn}({clicks}{where})"
+    raise ValueError(f"no pyautogui form for {action.kind}")
+
+
+def _type_command(content: str) -> str:
+    """Paste through the clipboard (as UI-TARS' OSWorld agent does: any characters),
+    then Enter for a trailing newline."""
+    text, enter = content.rstrip("\n"), content.endswith("\n")
+    parts = [f"import pyperclip; pyperclip.copy({text!r}); pyautogui.hotkey('ctrl', 'v'); time.sleep(0.5)"] if text else []
+    if enter:
+        parts.append("pyautogui.press('enter')")
+    return "; ".join(parts) or "pass"
+
+
+def _px(point) -> tuple[int, int]:
+    return int(round(point[0])), int(round(point[1]))
+
+
+# ---- the in-VM server -----------------------------------------------------------------------
+
+class VMClient:
+    """HTTP client of OSWorld's in-VM server (`http://HOST:5000`); failures are EnvErrors."""
+
+    def __init__(self, url: str, timeout_s: float = 60.0):
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+
+    def screenshot(self) -> bytes:
+        data = self._call("GET", "/screenshot")
+        if not data.startswith(b"\x89PNG"):
+            raise EnvError(f"{self.url}/screenshot did not return a PNG")
+        return data
+
+    def accessibility(self) -> str:
+        try:
+            return json.loads(self._call("GET", "/accessibility"))["AT"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise EnvError(f"{self.url}/accessibility: unexpected answer ({e})") from None
+
+    def execute(self, command: str) -> dict:
+        body = json.dumps({"command": ["python", "-c", PYAUTOGUI_PREFIX + command], "shell": False})
+        try:
+            return json.loads(self._call("POST", "/execute", body.encode()))
+        except ValueError as e:
+            raise EnvError(f"{self.url}/execute: unexpected answer ({e})") from None
+
+    def _call(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        request = urllib.request.Request(self.url + path, data=body, method=method,
+                                         headers={"Content-Type": "application/json"} if body else {})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return response.read()
+        except (urllib.error.URLError, OSError) as e:
+            raise EnvError(f"{method} {self.url}{path} failed: {e}") from None
+
+
+# ---- the environment ---------------------------------------------------------------------
+
+class OSWorldEnv:
+    """One OSWorld desktop (implements `envs.types.Env`)."""
+
+    def __init__(self, spec: OSWorldSlots, index: int = 0):
+        self.spec = spec
+        self.desktop = None  # desktop_env.DesktopEnv when the package is importable
+        self.vm: VMClient | None = None
+        if spec.provider == "remote":
+            self.vm = VMClient(spec.remote_urls[index], spec.http_timeout_s)
+            if _desktop_env_available():
+                self.desktop = _remote_desktop_env(spec.remote_urls[index], spec)
+        else:
+            if not _desktop_env_available():
+                raise EnvError(f"OSWorld provider {spec.provider!r} needs the desktop-env package "
+                               "(install it in the OSWorld host's own environment)")
+            from desktop_env.desktop_env import DesktopEnv
+            self.desktop = DesktopEnv(provider_name=spec.provider, region=spec.region or None,
+                                      path_to_vm=spec.path_to_vm or None, snapshot_name=spec.snapshot_name,
+                                      action_space="pyautogui", cache_dir=spec.cache_dir,
+                                      screen_size=(spec.screen_width, spec.screen_height), headless=True,
+                                      require_a11y_tree=spec.accessibility_tree, os_type=spec.os_type)
+        self.example: dict | None = None
+        self.history: list[str] = []
+
+    def reset(self, task: Task) -> Observation:
+        example = _example(task)
+        self.history = []
+        if self.desktop is not None:
+            if self.spec.provider == "remote":
+                self.desktop.is_environment_used = False  # a remote VM cannot be reverted
+            obs = self.desktop.reset(task_config=example)
+            png, tree = obs["screenshot"], obs.get("accessibility_tree")
+        else:
+            if example.get("config") or example["evaluator"]["func"] != "infeasible":
+                raise TaskError(f"OSWorld task {example['id']} needs desktop-env for its setup "
+                                "or evaluator; install it on this host")
+            png, tree = self.vm.screenshot(), self._tree()
+        self.example = example
+        return self._observation(png, tree)
+
+    def step(self, action: Action) -> StepResult:
+        if self.example is None:
+            raise RuntimeError("step before reset")
+        command = to_pyautogui(action)
+        if self.desktop is not None:
+            obs, _, done, info = self.desktop.step(command, pause=self.spec.settle_s)
+            return StepResult(self._observation(obs["screenshot"], obs.get("accessibility_tree")), done, info)
+        self.history.append(command)
+        if command not in SPECIAL.values():
+            self.vm.execute(command)
+        time.sleep(self.spec.settle_s * (2 if command == "WAIT" else 1))
+        return StepResult(self._observation(self.vm.screenshot(), self._tree()), command in ("DONE", "FAIL"))
+
+    def evaluate(self) -> float:
+        if self.example is None:
+            raise RuntimeError("evaluate before reset")
+        if self.desktop is not None:
+            return float(self.desktop.evaluate())
+        # Only `infeasible` tasks get here (reset refused the rest): the official rule.
+        return 1.0 if self.history and self.history[-1] == "FAIL" else 0.0
+
+    def close(self) -> None:
+        if self.desktop is not None and self.spec.provider != "remote":
+            self.desktop.close()
+
+    def _tree(self) -> str:
+        return self.vm.accessibility() if self.spec.accessibility_tree else ""
+
+    def _observation(self, png: bytes | None, tree: str | None) -> Observation:
+        if not png:
+            raise EnvError("the VM returned no screenshot")
+        try:
+            width, height = Image.open(io.BytesIO(png)).size
+        except Exception as e:
+            raise EnvError(f"the VM's screenshot is unreadable: {e}") from None
+        return Observation(png, width, height, self.example["instruction"], tree or "")
+
+
+def _desktop_env_available() -> bool:
+    try:
+        import desktop_env.desktop_env  # noqa: F401
+        return True
+    except Exception:  # absent, or broken by its pins: the caller says what is missing
+        return False
+
+
+def _remote_desktop_env(url: str, spec: OSWorldSlots):
+    """A DesktopEnv bound to a running VM at `url`, without a provider: the attributes
+    `DesktopEnv._start_emulator` would set (desktop-env 1.0.2)."""
+    from desktop_env.controllers.python import PythonController
+    from desktop_env.controllers.setup import SetupController
+    from desktop_env.desktop_env import DesktopEnv
+
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or 5000
+    env = DesktopEnv.__new__(DesktopEnv)
+    env.__dict__.update(
+        region=None, provider_name="remote", enable_proxy=False, client_password="password",
+        screen_width=spec.screen_width, screen_height=spec.screen_height, server_port=port,
+        chromium_port=9222, vnc_port=8006, vlc_port=8080, current_use_proxy=False, manager=None,
+        provider=None, os_type=spec.os_type, is_environment_used=False, path_to_vm=url,
+        snapshot_name=spec.snapshot_name, cache_dir_base=spec.cache_dir, headless=True,
+        require_a11y_tree=spec.accessibility_tree, require_terminal=False, instruction=None,
+        action_space="pyautogui", _traj_no=-1, _step_no=0, action_history=[], vm_ip=host,
+        controller=PythonController(vm_ip=host, server_port=port),
+        setup_controller=SetupController(vm_ip=host, server_port=port, chromium_port=9222, vlc_port=8080,
+                                         cache_dir=spec.cache_dir, client_password="password",
+                                         screen_width=spec.screen_width, screen_height=spec.screen_height))
+    return env
