@@ -1,0 +1,131 @@
+"""The one mapping between Flax parameters and Hugging Face tensors (names and torch layout).
+
+Names are those of the original Qwen2.5-VL / UI-TARS checkpoints on the Hub, which vLLM and
+transformers both load: `model.embed_tokens.weight`, `model.layers.N...`, `model.norm.weight`,
+`visual.blocks.N...`, `visual.merger.mlp.0...`, `lm_head.weight`. `canonical_hf_name` also
+accepts the transformers-5 `save_pretrained` names (`model.language_model.*`, `model.visual.*`).
+
+Layouts: a Flax kernel is [in, out], torch Linear.weight [out, in]; the patch embedding is a
+Linear kernel [C*t*p*p, D] here and a Conv3d weight [D, C, t, p, p] in torch.
+
+    for bucket in hf_buckets(state, config, bucket_bytes=256 << 20):   # export and weight sync
+        for hf_name, array in bucket: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from flax import nnx
+
+from dart_jax.models.config import Qwen25VLConfig
+
+Path = tuple
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    hf_name: str
+    path: Path  # nnx state path
+    shape: tuple[int, ...]  # Flax shape
+    hf_shape: tuple[int, ...]  # torch shape
+    kind: str  # "copy" | "linear" | "conv3d"
+
+    def to_hf(self, x: np.ndarray) -> np.ndarray:
+        if self.kind == "copy":
+            return x
+        return np.ascontiguousarray(x.T).reshape(self.hf_shape)
+
+    def from_hf(self, x: np.ndarray) -> np.ndarray:
+        if self.kind == "copy":
+            return x
+        return np.ascontiguousarray(x.reshape(self.hf_shape[0], -1).T)
+
+    def hf_index(self, index: tuple[slice, ...]) -> tuple[slice, ...]:
+        """The torch-layout slice holding the Flax-layout slice `index` (whole trailing dims for conv3d)."""
+        if self.kind == "copy":
+            return index
+        if self.kind == "linear":
+            return (index[1], index[0])
+        return (index[1],) + (slice(None),) * (len(self.hf_shape) - 1)
+
+    def from_hf_slice(self, x: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+        """Flax-layout block for `index` from the torch block read at `hf_index(index)`."""
+        if self.kind == "copy":
+            return x
+        if self.kind == "linear":
+            return np.ascontiguousarray(x.T)
+        return np.ascontiguousarray(x.reshape(x.shape[0], -1).T[index[0]])
+
+
+def hf_name_of(path: Path) -> str:
+    parts = [str(p) for p in path]
+    if parts[-1] in ("kernel", "embedding"):
+        parts[-1] = "weight"
+    return ".".join(parts).replace(".mlp_0.", ".mlp.0.").replace(".mlp_2.", ".mlp.2.")
+
+
+def canonical_hf_name(name: str) -> str:
+    """Original-checkpoint name for a name written by either naming scheme."""
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model.") :]
+    if name.startswith("model.visual."):
+        return name[len("model.") :]
+    return name
+
+
+def param_specs(abstract_state) -> list[ParamSpec]:
+    """One spec per parameter of an (abstract) nnx State, in state order."""
+    specs = []
+    for path, var in nnx.to_flat_state(abstract_state):
+        shape = tuple(var.get_value().shape)
+        if path == ("visual", "patch_embed", "proj", "kernel"):
+            kind, hf_shape = "conv3d", None
+        elif path[-1] == "kernel":
+            kind, hf_shape = "linear", shape[::-1]
+        else:
+            kind, hf_shape = "copy", shape
+        specs.append(ParamSpec(hf_name_of(path), tuple(path), shape, hf_shape, kind))
+    return specs
+
+
+def with_conv_shape(specs: list[ParamSpec], config: Qwen25VLConfig) -> list[ParamSpec]:
+    v = config.vision
+    conv = (v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+    return [ParamSpec(s.hf_name, s.path, s.shape, conv, s.kind) if s.kind == "conv3d" else s for s in specs]
+
+
+def specs_for(abstract_state, config: Qwen25VLConfig) -> list[ParamSpec]:
+    return with_conv_shape(param_specs(abstract_state), config)
+
+
+def _host_array(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+
+def hf_tensors(state, config: Qwen25VLConfig, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
+    """(hf_name, torch-layout array) for every parameter, one tensor on the host at a time."""
+    flat = dict(nnx.to_flat_state(state))
+    for spec in specs_for(state, config):
+        x = spec.to_hf(_host_array(flat[spec.path].get_value()))
+        yield spec.hf_name, x if dtype is None else x.astype(dtype)
+
+
+def hf_buckets(state, config: Qwen25VLConfig, bucket_bytes: int = 256 << 20, dtype=None) -> Iterator[list[tuple[str, np.ndarray]]]:
+    """`hf_tensors` grouped into buckets of at most `bucket_bytes` (a larger tensor travels alone)."""
+    bucket, size = [], 0
+    for name, x in hf_tensors(state, config, dtype):
+        if bucket and size + x.nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, x))
+        size += x.nbytes
+    if bucket:
+        yield bucket
