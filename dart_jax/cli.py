@@ -29,6 +29,32 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _role_setup(args: argparse.Namespace, role: str):
+    """Resolve the run config, create the run directory and the role's log file."""
+    from dart_jax import logs
+    from dart_jax.rundir import RunDir
+    cfg = _load_run_config(args)
+    run = RunDir.create(Path(cfg.run.root) / cfg.run.name)
+    if not run.config_path.exists():
+        run.config_path.write_text(config_lib.dump(cfg))
+    logs.setup(role, run.log_path(role), cfg.run.log_level)
+    return cfg, run
+
+
+def cmd_env_server(args: argparse.Namespace) -> int:
+    from envs import server
+    cfg, run = _role_setup(args, "env-server")
+    server.run(cfg.envs, run.metrics_path("env-server").parent)
+    return 0
+
+
+def cmd_data_manager(args: argparse.Namespace) -> int:
+    from dart_jax.data import service
+    cfg, run = _role_setup(args, "data-manager")
+    service.run(cfg.data, run.root)
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     from dart_jax.wire import curve
     public, secret = curve.generate(args.directory, args.name)
@@ -48,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     cfg = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
     _with_config(cfg.add_parser("show", help="print the resolved run config")).set_defaults(fn=cmd_config_show)
+    _with_config(sub.add_parser("env-server", help="serve GUI env slots (MiniWoB++, OSWorld, synthetic)")
+                 ).set_defaults(fn=cmd_env_server)
+    _with_config(sub.add_parser("data-manager", help="serve the trajectory store, scheduling and curated batches")
+                 ).set_defaults(fn=cmd_data_manager)
     keys = sub.add_parser("keys", help="generate a CURVE key pair for authenticated links")
     keys.add_argument("directory", type=Path)
     keys.add_argument("name")
