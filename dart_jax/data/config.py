@@ -19,15 +19,15 @@ from dart_jax.wire import WireConfig
 class StoreConfig:
     """SQLite (WAL) database plus a content-addressed blob directory for screenshots.
 
-    `durability: process` survives a killed process (WAL, synchronous=NORMAL, blobs written
-    to the page cache before the commit); `power` also survives power loss (synchronous=FULL,
-    every blob and its directory fsynced), at a large cost in ingest rate.
+    `durability: process` survives a killed process (WAL, synchronous=NORMAL, screenshots
+    appended to the blob packs before the commit); `power` also survives power loss
+    (synchronous=FULL, the packs fsynced before each group commit).
     """
     db_path: str = "data/store.sqlite"
     blob_dir: str = "data/blobs"
     durability: Literal["process", "power"] = "process"
     group_commit_max: int = bounded(256, ge=1)  # trajectories per transaction, at most
-    handler_threads: int = bounded(8, ge=1)  # request handlers (ingest writes blobs here)
+    handler_threads: int = bounded(8, ge=1)  # request handlers (ingest hashes and appends screenshots here)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Trajectory ingestion: validation, then group commit by one writer thread.
 
-Handler threads validate a trajectory and write its screenshot blobs (in parallel, before
+Handler threads validate a trajectory and append its screenshots to the blob packs (before
 the commit), then hand it to the writer and wait. The writer takes everything queued
 (up to `max_batch`) into one transaction, each trajectory under its own savepoint so one
 bad row fails alone, commits, and only then resolves each waiter: an ack always means
@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import Future
 from typing import Collection
 
+from dart_jax.data.blobs import BlobRef
 from dart_jax.data.store import Store
 from dart_jax.wire.messages import Trajectory
 
@@ -48,10 +49,10 @@ class IngestWriter:
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, traj: Trajectory, digests: list[str]) -> Future:
+    def submit(self, traj: Trajectory, refs: list[BlobRef]) -> Future:
         """A future resolving to `duplicate` (bool) once the trajectory is committed."""
         fut: Future = Future()
-        self._queue.put((traj, digests, fut))
+        self._queue.put((traj, refs, fut))
         return fut
 
     def close(self) -> None:
@@ -78,9 +79,10 @@ class IngestWriter:
     def _commit(self, batch: list) -> None:
         results: list = []
         try:
+            self.store.blobs.sync()  # no-op unless durability is "power"
             with self.store.write() as w:
-                for traj, digests, _ in batch:
-                    results.append(self._insert_one(w, traj, digests))
+                for traj, refs, _ in batch:
+                    results.append(self._insert_one(w, traj, refs))
         except Exception as e:  # the commit itself failed: nothing of this batch is stored
             log.exception("ingest: commit of %d trajectories failed", len(batch))
             results = [e] * len(batch)
@@ -92,11 +94,11 @@ class IngestWriter:
                 if res and self.on_commit:
                     self.on_commit(traj)
 
-    def _insert_one(self, w: sqlite3.Connection, traj: Trajectory, digests: list[str]):
+    def _insert_one(self, w: sqlite3.Connection, traj: Trajectory, refs: list[BlobRef]):
         """True if inserted, False if a duplicate, the exception if this row failed."""
         w.execute("SAVEPOINT one")
         try:
-            inserted = self.store.insert_trajectory(w, traj, digests)
+            inserted = self.store.insert_trajectory(w, traj, refs)
         except sqlite3.Error as e:
             w.execute("ROLLBACK TO one")
             w.execute("RELEASE one")

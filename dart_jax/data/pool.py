@@ -107,9 +107,10 @@ def import_pool(store: Store, path: Path, chunk: int = 64) -> ImportResult:
 
 
 def _commit(store: Store, batch: list, result: ImportResult) -> None:
+    store.blobs.sync()
     with store.write() as w:
-        for traj, digests in batch:
-            if store.insert_trajectory(w, traj, digests, pool_origin="import"):
+        for traj, refs in batch:
+            if store.insert_trajectory(w, traj, refs, pool_origin="import"):
                 result.imported += 1
             else:
                 result.duplicates += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 MIGRATIONS: tuple[str, ...] = (
-    # 1: tasks, trajectories, steps, screenshots, policy versions, pool, batches.
+    # 1: tasks, trajectories, steps, screenshots and their blobs, policy versions, pool, batches.
     """
     CREATE TABLE tasks (
         task_id TEXT PRIMARY KEY,
@@ -54,12 +54,17 @@ MIGRATIONS: tuple[str, ...] = (
         payload BLOB NOT NULL,
         PRIMARY KEY (traj_id, idx)
     ) WITHOUT ROWID;
-    -- sha256: the content address of the PNG in the blob directory.
+    -- Screenshots are content-addressed: `blobs` says where each sha256 lies in the packs.
+    CREATE TABLE blobs (
+        sha256 TEXT PRIMARY KEY,
+        pack INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        size INTEGER NOT NULL
+    ) WITHOUT ROWID;
     CREATE TABLE screenshots (
         traj_id TEXT NOT NULL REFERENCES trajectories(traj_id),
         idx INTEGER NOT NULL,
-        sha256 TEXT NOT NULL,
-        size INTEGER NOT NULL,
+        sha256 TEXT NOT NULL REFERENCES blobs(sha256),
         PRIMARY KEY (traj_id, idx)
     ) WITHOUT ROWID;
     CREATE TABLE policy_versions (

@@ -39,7 +39,6 @@ class DataManager:
     def __init__(self, cfg: DataManagerConfig, run_dir: Path):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.store = Store.open(cfg.store, self.run_dir)
-        self.store.blobs.remove_temporaries()  # a killed writer's half-written blobs
         self.store.upsert_tasks(load_tasks(cfg.tasks, self.run_dir))
         self.known_tasks = frozenset(t.task_id for t in self.store.tasks())
         for path in cfg.pool.import_paths:
@@ -76,12 +75,12 @@ class DataManager:
         return Error(code="bad_request", message=f"the data manager does not serve {type(msg).__name__}")
 
     def submit(self, traj: Trajectory) -> TrajectoryAck:
-        """Validate, write blobs, queue for the group commit, and ack once committed."""
+        """Validate, append screenshots, queue for the group commit, and ack once committed."""
         ingest.validate(traj, self.known_tasks)
         if self.store.has_trajectory(traj.traj_id):
             return TrajectoryAck(traj_id=traj.traj_id, duplicate=True)
-        digests = self.store.put_screenshots(traj)
-        duplicate = self.writer.submit(traj, digests).result()
+        refs = self.store.put_screenshots(traj)
+        duplicate = self.writer.submit(traj, refs).result()
         return TrajectoryAck(traj_id=traj.traj_id, duplicate=duplicate)
 
     def _committed(self, traj: Trajectory) -> None:

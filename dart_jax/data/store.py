@@ -1,4 +1,4 @@
-"""The run's store: SQLite in WAL mode plus content-addressed screenshot blobs.
+"""The run's store: SQLite in WAL mode plus content-addressed screenshot packs (blobs.py).
 
 One write connection (serialized by a lock) and one read connection per thread; WAL
 lets readers proceed while the writer commits. Writes are few, large transactions (the
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from dart_jax.data import schema
-from dart_jax.data.blobs import BlobStore
+from dart_jax.data.blobs import BlobPacks, BlobRef, address
 from dart_jax.data.config import StoreConfig
 from dart_jax.data.curation import Group, TrajRecord
 from dart_jax.wire import from_bytes, to_bytes
@@ -34,7 +34,8 @@ class Store:
         self.db_path = Path(db_path)
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self.sync = "FULL" if durability == "power" else "NORMAL"
-        self.blobs = BlobStore(blob_dir, fsync=durability == "power")
+        self.blobs = BlobPacks(blob_dir, fsync=durability == "power")
+        self._recent: dict[str, BlobRef] = {}  # appended blobs, committed or not (dedup)
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -78,6 +79,7 @@ class Store:
             for conn in [*self._readers, self._w]:
                 conn.close()
             self._readers.clear()
+        self.blobs.close()
 
     # ---- tasks ---------------------------------------------------------------------
 
@@ -102,11 +104,28 @@ class Store:
 
     # ---- trajectories ------------------------------------------------------------------
 
-    def put_screenshots(self, traj: Trajectory) -> list[str]:
-        """Write the trajectory's screenshots as blobs (before its row commits)."""
-        return [self.blobs.put(png) for png in traj.screenshots]
+    def put_screenshots(self, traj: Trajectory) -> list[BlobRef]:
+        """Append the trajectory's new screenshots to the packs (before its row commits)."""
+        return [self._put_blob(png) for png in traj.screenshots]
 
-    def insert_trajectory(self, w: sqlite3.Connection, traj: Trajectory, digests: Sequence[str],
+    def _put_blob(self, data: bytes) -> BlobRef:
+        digest = address(data)
+        ref = self._recent.get(digest)
+        if ref is None:
+            row = self._r.execute("SELECT pack, offset, size FROM blobs WHERE sha256 = ?", (digest,)).fetchone()
+            ref = BlobRef(digest, *row) if row else BlobRef(digest, *self.blobs.append(data), len(data))
+            if len(self._recent) >= 100_000:
+                self._recent.clear()
+            self._recent[digest] = ref
+        return ref
+
+    def get_blob(self, digest: str) -> bytes:
+        row = self._r.execute("SELECT pack, offset, size FROM blobs WHERE sha256 = ?", (digest,)).fetchone()
+        if row is None:
+            raise KeyError(f"no blob {digest}")
+        return self.blobs.read(*row)
+
+    def insert_trajectory(self, w: sqlite3.Connection, traj: Trajectory, refs: Sequence[BlobRef],
                           pool_origin: str | None = None) -> bool:
         """Insert inside the caller's transaction; False when the traj_id is already stored."""
         versions = [s.policy_version for s in traj.steps] or [-1]
@@ -117,14 +136,16 @@ class Store:
             " min_version, max_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (traj.traj_id, traj.task_id, traj.reward, traj.status, success, traj.source,
              traj.worker_id, traj.temperature, traj.created_at, time.time(), len(traj.steps),
-             len(digests), min(versions), max(versions)))
+             len(refs), min(versions), max(versions)))
         if cur.rowcount == 0:
             return False
         w.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
             (traj.traj_id, i, s.policy_version, s.action, s.valid, len(s.prompt_ids),
              len(s.response_ids), to_bytes(s)) for i, s in enumerate(traj.steps)])
-        w.executemany("INSERT INTO screenshots VALUES (?, ?, ?, ?)", [
-            (traj.traj_id, i, d, len(png)) for i, (d, png) in enumerate(zip(digests, traj.screenshots))])
+        w.executemany("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?, ?)",
+                      [(r.sha256, r.pack, r.offset, r.size) for r in refs])
+        w.executemany("INSERT INTO screenshots VALUES (?, ?, ?)",
+                      [(traj.traj_id, i, r.sha256) for i, r in enumerate(refs)])
         w.executemany("INSERT OR IGNORE INTO policy_versions VALUES (?, ?, 'rollout')",
                       [(v, time.time()) for v in sorted(set(versions)) if v >= 0])
         if success:
@@ -147,9 +168,10 @@ class Store:
                                       "ORDER BY traj_id, idx", traj_ids):
             steps[tid].append(from_bytes(payload, Step))
         shots: dict[str, list[bytes]] = {t: [] for t in traj_ids}
-        for tid, digest in r.execute(f"SELECT traj_id, sha256 FROM screenshots WHERE traj_id IN ({marks}) "
-                                     "ORDER BY traj_id, idx", traj_ids):
-            shots[tid].append(self.blobs.get(digest))
+        for tid, pack, offset, size in r.execute(
+                "SELECT s.traj_id, b.pack, b.offset, b.size FROM screenshots s JOIN blobs b USING (sha256)"
+                f" WHERE s.traj_id IN ({marks}) ORDER BY s.traj_id, s.idx", traj_ids):
+            shots[tid].append(self.blobs.read(pack, offset, size))
         rows = {row[0]: row for row in r.execute(
             "SELECT traj_id, task_id, reward, status, worker_id, temperature, created_at, source "
             f"FROM trajectories WHERE traj_id IN ({marks})", traj_ids)}

@@ -52,7 +52,8 @@ def test_round_trip_is_exact(store):
 
 def test_identical_screenshots_are_stored_once(store):
     put(store, *[make_trajectory(f"s{i}", "t0", steps=5, shared_screens=2) for i in range(6)])
-    assert len(store.blobs.digests()) == 2
+    assert store.query("SELECT count(*), sum(size) FROM blobs") == [(2, 512)]
+    assert sum(store.blobs.sizes().values()) == 512  # each content appended once
     assert integrity.check(store, deep=True) == []
 
 
@@ -83,11 +84,27 @@ def test_validation_names_the_problem():
         validate(traj, {"t0"})
 
 
-def test_integrity_check_finds_a_missing_blob(store):
-    put(store, make_trajectory("a", "t0"))
-    assert integrity.check(store) == []
-    digest = store.query("SELECT sha256 FROM screenshots LIMIT 1")[0][0]
-    store.blobs.path(digest).unlink()
-    assert integrity.check(store) == [f"blob {digest}: missing"]
-    orphan = store.blobs.put(b"never referenced")
-    assert integrity.orphan_blobs(store) == {orphan}
+def test_integrity_check_finds_missing_and_corrupt_blobs(store):
+    put(store, make_trajectory("a", "t0", steps=2, screenshot_bytes=100))
+    assert integrity.check(store, deep=True) == [] and integrity.orphan_bytes(store) == 0
+    (first, second), pack = store.query("SELECT sha256 FROM blobs ORDER BY offset"), store.blobs.packs()[0]
+    store.blobs.close()
+    data = bytearray(store.blobs.path(pack).read_bytes())
+    data[0] ^= 1
+    store.blobs.path(pack).write_bytes(data[:150])
+    assert integrity.check(store) == [f"blob {second[0]}: missing (pack 1 ends before 200)"]
+    assert integrity.check(store, deep=True) == [f"blob {first[0]}: corrupt",
+                                                 f"blob {second[0]}: missing (pack 1 ends before 200)"]
+
+
+def test_a_reopened_store_appends_to_a_new_pack_and_counts_orphans(store, tmp_path):
+    store.put_screenshots(make_trajectory("lost", "t0", steps=1, screenshot_bytes=64))  # never committed
+    put(store, make_trajectory("a", "t0", steps=1, screenshot_bytes=64))
+    store.close()
+    again = Store(tmp_path / "data" / "store.sqlite", tmp_path / "data" / "blobs")
+    put(again, make_trajectory("b", "t0", steps=1, screenshot_bytes=64))
+    assert again.blobs.packs() == [1, 2]
+    assert integrity.orphan_bytes(again) == 64 and integrity.check(again, deep=True) == []
+    assert again.load_trajectories(["a", "b"])[1].screenshots == make_trajectory(
+        "b", "t0", steps=1, screenshot_bytes=64).screenshots
+    again.close()
