@@ -119,7 +119,7 @@ def _commit(store: Store, batch: list, result: ImportResult) -> None:
 def export(store: Store, path: Path, fmt: str, success_only: bool = False,
            split: str | None = None, chunk: int = 64) -> int:
     """Write the selected trajectories to `path`; returns how many."""
-    ids = store.iter_trajectory_ids(success_only=success_only, split=split)
+    ids = store.trajectory_ids(success_only=success_only, split=split)
     if fmt == "jsonl" and Path(path).exists():
         Path(path).unlink()
     for i in range(0, len(ids), chunk):

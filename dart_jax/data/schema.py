@@ -85,7 +85,8 @@ MIGRATIONS: tuple[str, ...] = (
         trainer_version INTEGER NOT NULL,
         created_at REAL NOT NULL,
         num_tasks INTEGER NOT NULL,
-        num_trajectories INTEGER NOT NULL
+        num_trajectories INTEGER NOT NULL,
+        max_staleness INTEGER NOT NULL  -- trainer_version - oldest sampling version of its own data
     );
     CREATE TABLE batch_items (
         batch_id INTEGER NOT NULL REFERENCES batches(batch_id),

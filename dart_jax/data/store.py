@@ -119,12 +119,6 @@ class Store:
             self._recent[digest] = ref
         return ref
 
-    def get_blob(self, digest: str) -> bytes:
-        row = self._r.execute("SELECT pack, offset, size FROM blobs WHERE sha256 = ?", (digest,)).fetchone()
-        if row is None:
-            raise KeyError(f"no blob {digest}")
-        return self.blobs.read(*row)
-
     def insert_trajectory(self, w: sqlite3.Connection, traj: Trajectory, refs: Sequence[BlobRef],
                           pool_origin: str | None = None) -> bool:
         """Insert inside the caller's transaction; False when the traj_id is already stored."""
@@ -183,7 +177,7 @@ class Store:
                            temperature=rows[t][5], created_at=rows[t][6], source=rows[t][7])
                 for t in traj_ids]
 
-    def iter_trajectory_ids(self, success_only: bool = False, split: str | None = None,
+    def trajectory_ids(self, success_only: bool = False, split: str | None = None,
                             task_ids: Sequence[str] = ()) -> list[str]:
         sql = ("SELECT t.traj_id FROM trajectories t JOIN tasks k USING (task_id) "
                "WHERE (?1 = 0 OR t.success = 1) AND (?2 IS NULL OR k.split = ?2)")
@@ -244,9 +238,11 @@ class Store:
     def record_batch(self, batch_id: int, trainer_version: int, groups: Sequence[Group]) -> None:
         """Record the composition and mark its own (non-injected) trajectories used, atomically."""
         items = [(m.traj_id, m.traj_id in g.injected) for g in groups for m in g.members]
+        staleness = max((trainer_version - m.min_version for g in groups for m in g.members
+                         if m.traj_id not in g.injected), default=0)
         with self.write() as w:
-            w.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
-                      (batch_id, trainer_version, time.time(), len(groups), len(items)))
+            w.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?)",
+                      (batch_id, trainer_version, time.time(), len(groups), len(items), staleness))
             w.executemany("INSERT INTO batch_items VALUES (?, ?, ?, ?)",
                           [(batch_id, pos, tid, inj) for pos, (tid, inj) in enumerate(items)])
             for tid, injected in items:

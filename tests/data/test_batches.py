@@ -55,6 +55,7 @@ def test_stale_rollouts_are_not_used(store):
     put(store, *rollouts("t0", 8, version=3), *rollouts("t1", 8, version=4), *rollouts("t2", 8, version=5))
     batch = ask(BatchAssembler(store, CFG), version=5)  # max_staleness 1: versions 4 and 5
     assert set(group_ids(batch)) == {"t1", "t2"}
+    assert store.query("SELECT max_staleness FROM batches") == [(1,)]  # recorded
 
 
 def test_staleness_zero_uses_only_the_trainer_version(store):

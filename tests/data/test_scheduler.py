@@ -49,7 +49,7 @@ def test_pending_rollouts_steer_the_choice_and_arrivals_release_them(store):
         sched.on_ingested("t1")
     assert isinstance(sched.next(0), NoTask)
     with store.write() as w:  # a batch consumed them
-        w.execute("INSERT INTO batches VALUES (1, 0, 0, 1, 8)")
+        w.execute("INSERT INTO batches VALUES (1, 0, 0, 1, 8, 0)")
         w.execute("UPDATE trajectories SET used_batch = 1")
     assert sched.next(0).task.task_id == "t1"
 

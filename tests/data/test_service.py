@@ -1,7 +1,6 @@
 """The data manager over ZeroMQ: scheduling, ingestion, batches, stats, pool, bad input."""
 
 import threading
-import time
 
 import pytest
 
