@@ -55,6 +55,16 @@ def cmd_data_manager(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_local(args: argparse.Namespace) -> int:
+    import json
+    from dart_jax import logs
+    from dart_jax.jobs import local
+    cfg = _load_run_config(args)
+    logs.setup("local", Path(cfg.run.root) / cfg.run.name / "logs" / "local.log", cfg.run.log_level)
+    print(json.dumps(local.run(cfg)))
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     from dart_jax.wire import curve
     public, secret = curve.generate(args.directory, args.name)
@@ -78,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ).set_defaults(fn=cmd_env_server)
     _with_config(sub.add_parser("data-manager", help="serve the trajectory store, scheduling and curated batches")
                  ).set_defaults(fn=cmd_data_manager)
+    _with_config(sub.add_parser("local", help="the local default job: every role on this machine")
+                 ).set_defaults(fn=cmd_local)
     keys = sub.add_parser("keys", help="generate a CURVE key pair for authenticated links")
     keys.add_argument("directory", type=Path)
     keys.add_argument("name")

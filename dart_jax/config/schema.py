@@ -11,6 +11,7 @@ from typing import Literal
 
 from dart_jax.config.loader import bounded
 from dart_jax.data.config import DataManagerConfig
+from dart_jax.jobs.config import LocalJobConfig
 from envs.config import EnvServerConfig
 
 
@@ -41,3 +42,4 @@ class RunConfig:
     policy: PolicySection = PolicySection()
     envs: EnvServerConfig = EnvServerConfig()
     data: DataManagerConfig = DataManagerConfig()
+    job: LocalJobConfig = LocalJobConfig()

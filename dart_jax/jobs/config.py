@@ -1,0 +1,45 @@
+"""Config of the local default job (`dart-jax local`, what `make run` runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dart_jax.config.loader import bounded
+from dart_jax.wire.messages import TaskSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSuite:
+    """Task instances of one backend: each name with seeds 0..train_seeds-1 for training
+    and eval_seed_base.. for evaluation (disjoint, so evaluation never sees a train seed)."""
+    backend: str
+    names: tuple[str, ...]
+    train_seeds: int = bounded(8, ge=0)
+    eval_seeds: int = bounded(2, ge=0)
+    eval_seed_base: int = bounded(10_000, ge=0)
+
+    def __post_init__(self) -> None:
+        if self.eval_seeds and self.eval_seed_base < self.train_seeds:
+            raise ValueError(f"eval seeds from {self.eval_seed_base} overlap train seeds 0..{self.train_seeds - 1}")
+
+    def specs(self) -> list[TaskSpec]:
+        seeds = [(s, "train") for s in range(self.train_seeds)]
+        seeds += [(self.eval_seed_base + s, "eval") for s in range(self.eval_seeds)]
+        return [TaskSpec(task_id=f"{self.backend}/{name}/{seed}", backend=self.backend, name=name,
+                         seed=seed, split=split) for name in self.names for seed, split in seeds]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalJobConfig:
+    """The local default: build the tiny policy, collect oracle demonstrations through the
+    env server into the data manager's experience pool, bootstrap the policy on them with
+    SFT, export it as a Hugging Face checkpoint."""
+    suites: tuple[TaskSuite, ...] = (
+        TaskSuite(backend="synthetic", names=("click-button", "enter-text", "check-boxes",
+                                              "select-item", "form")),)
+    demo_max_steps: int = bounded(15, ge=1)
+    demo_concurrency: int = bounded(4, ge=1)
+    ready_timeout_s: float = bounded(180.0, gt=0)
+
+    def tasks(self) -> list[TaskSpec]:
+        return [spec for suite in self.suites for spec in suite.specs()]

@@ -1,0 +1,86 @@
+"""`dart-jax local CONFIG`: the local default job, all roles on one machine.
+
+1. the run directory with the resolved config and the task list (train and eval splits);
+2. the policy: the configured Hugging Face directory, or a tiny Qwen2.5-VL built here;
+3. the env server and the data manager as their own processes;
+4. oracle demonstrations of every train task through the env server, imported into the
+   data manager's experience pool;
+5. the trainer bootstraps the policy on the pool with SFT and exports it (Hugging Face).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+from dart_jax.config import dump
+from dart_jax.config.schema import RunConfig
+from dart_jax.data.pool import write_trajectories
+from dart_jax.data.tasks import write_task_file
+from dart_jax.jobs import demos
+from dart_jax.jobs.procs import RoleProcess
+from dart_jax.rundir import MetricsWriter, RunDir
+from dart_jax.wire import Client
+from dart_jax.wire.messages import DataStats, PoolImport, StatsRequest
+
+log = logging.getLogger(__name__)
+
+
+def prepare(cfg: RunConfig) -> RunDir:
+    """The run directory, its resolved config and its task list file."""
+    if not cfg.data.tasks.task_file:
+        raise ValueError("data.tasks.task_file must name the task list the job writes (e.g. tasks.jsonl)")
+    run = RunDir.create(Path(cfg.run.root) / cfg.run.name, config_yaml=dump(cfg))
+    write_task_file(run.root / cfg.data.tasks.task_file, cfg.job.tasks())
+    return run
+
+
+def policy_dir(cfg: RunConfig, run: RunDir) -> Path:
+    if cfg.policy.hf_dir:
+        return Path(cfg.policy.hf_dir)
+    from dart_jax.models.tiny import make_tiny_hf_dir
+    out = run.root / "policy-init"
+    if not (out / "config.json").exists():
+        make_tiny_hf_dir(out, seed=cfg.policy.tiny_seed)
+    return out
+
+
+def collect_demos(cfg: RunConfig, run: RunDir, hf_dir: Path) -> dict:
+    """Oracle episodes of every train task -> data/demos/*.traj -> the experience pool."""
+    from dart_jax.agent.prompt import PromptBuilder
+    train = [t for t in cfg.job.tasks() if t.split == "train"]
+    start = time.monotonic()
+    trajs = asyncio.run(demos.collect(cfg.envs.wire, train, PromptBuilder.from_pretrained(hf_dir),
+                                      max_steps=cfg.job.demo_max_steps, concurrency=cfg.job.demo_concurrency))
+    successes = [t for t in trajs if t.status == "success"]
+    write_trajectories(run.data / "demos", successes, "traj")
+    with Client(cfg.data.wire) as dm:
+        imported = dm.request(PoolImport(path=str((run.data / "demos").resolve())))
+        stats = dm.request(StatsRequest())
+    assert isinstance(stats, DataStats)
+    return {"demo_episodes": len(trajs), "demo_successes": len(successes),
+            "demo_steps": sum(len(t.steps) for t in successes), "pool_imported": imported.imported,
+            "pool_size": stats.pool, "demo_s": round(time.monotonic() - start, 2)}
+
+
+def run(cfg: RunConfig) -> dict:
+    run_dir = prepare(cfg)
+    hf_dir = policy_dir(cfg, run_dir)
+    roles = [RoleProcess(role, run_dir.config_path, [], run_dir.log_path(f"{role}.out"))
+             for role in ("env-server", "data-manager")]
+    summary: dict = {"run_dir": str(run_dir.root), "policy_init": str(hf_dir)}
+    try:
+        roles[0].wait_ready(cfg.envs.wire, cfg.job.ready_timeout_s)
+        roles[1].wait_ready(cfg.data.wire, cfg.job.ready_timeout_s)
+        summary.update(collect_demos(cfg, run_dir, hf_dir))
+    finally:
+        for role in roles:
+            role.stop()
+    metrics = MetricsWriter(run_dir.metrics_path("local"))
+    metrics.write(0, summary)
+    metrics.close()
+    log.info("local job done: %s", json.dumps(summary))
+    return summary
