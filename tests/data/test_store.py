@@ -8,7 +8,7 @@ import pytest
 from dart_jax.data import integrity, schema
 from dart_jax.data.ingest import IngestWriter, validate
 from dart_jax.data.store import ConflictError, Store
-from dart_jax.data.testing import make_trajectory, put
+from dart_jax.data.testing import make_trajectory, put, task_specs
 from dart_jax.wire.messages import TaskSpec
 
 
@@ -108,3 +108,15 @@ def test_a_reopened_store_appends_to_a_new_pack_and_counts_orphans(store, tmp_pa
     assert again.load_trajectories(["a", "b"])[1].screenshots == make_trajectory(
         "b", "t0", steps=1, screenshot_bytes=64).screenshots
     again.close()
+
+
+def test_power_durability_syncs_packs_before_commit(tmp_path):
+    s = Store(tmp_path / "s.sqlite", tmp_path / "b", durability="power")
+    s.upsert_tasks(task_specs(1))
+    assert s.query("PRAGMA synchronous") == [(2,)]  # FULL
+    writer = IngestWriter(s)
+    traj = make_trajectory("a", "t0")
+    assert writer.submit(traj, s.put_screenshots(traj)).result(5) is False
+    writer.close()
+    assert s.load_trajectories(["a"])[0].screenshots == traj.screenshots
+    s.close()
