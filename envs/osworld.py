@@ -50,7 +50,7 @@ _SCROLL_CLICKS = 5
 
 def load_task(source: dict | str | Path) -> dict:
     """An OSWorld example (a dict, JSON text or a path to a .json file), checked."""
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith(("{", "["))):
         try:
             source = Path(source).read_text()
         except OSError as e:
