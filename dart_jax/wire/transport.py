@@ -70,6 +70,7 @@ class Server:
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self._inbox)
         self._local = threading.local()
+        self._pushes: list[zmq.Socket] = []  # one per pool thread, closed at shutdown
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = time.monotonic()
@@ -112,7 +113,9 @@ class Server:
         push = getattr(self._local, "push", None)
         if push is None:
             push = self._local.push = self.ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 0)
             push.connect(self._inbox)
+            self._pushes.append(push)
         push.send_multipart([peer, *reply], copy=False)
 
     def _answer(self, payload) -> list:
@@ -139,6 +142,8 @@ class Server:
     def _close(self) -> None:
         if self.pool:
             self.pool.shutdown(wait=True, cancel_futures=True)
+        for push in self._pushes:  # the pool's threads are gone: safe to close here
+            push.close(0)
         self.sock.close(0)
         self._pull.close(0)
         if self.auth:

@@ -143,3 +143,15 @@ def test_curve_refuses_unauthenticated_clients(tmp_path):
             c.request(Ping())
     assert srv.served == 1  # the refused clients never reached the handler
     srv.stop()
+
+
+def test_pooled_server_stops_promptly_after_handler_faults():
+    srv = Server(WireConfig(endpoint="tcp://127.0.0.1:0"), ack_handler, role="stop", workers=3).start()
+    with Client(WireConfig(endpoint=srv.endpoint, timeout_s=5)) as c:
+        for _ in range(6):  # handler exceptions, logged with tracebacks, on every pool thread
+            with pytest.raises(RemoteError):
+                c.request(TaskRequest(worker_id="w", policy_version=0))
+    import time
+    start = time.monotonic()
+    srv.stop()
+    assert not srv._thread.is_alive() and time.monotonic() - start < 3
