@@ -115,7 +115,11 @@ class VisionTransformer(nnx.Module):
         x = constrain(self.patch_embed(patches_BxSxP), _ACT)
         cos, sin = self.rotary(pos_BxSx2)
         full_mask, window_mask = self.masks(seg_BxS)
+        runs = {w: maybe_remat(_block_call(w), self.remat) for w in (False, True)}
         for blk, full in zip(self.blocks, self.full_attention):
-            run = maybe_remat(lambda b, x, c, s, m, w=not full: b(x, c, s, m, w), self.remat)
-            x = run(blk, x, cos, sin, full_mask if full else window_mask)
+            x = runs[not full](blk, x, cos, sin, full_mask if full else window_mask)
         return self.merger(x)
+
+
+def _block_call(windowed: bool):
+    return lambda blk, x, cos, sin, mask: blk(x, cos, sin, mask, windowed)
