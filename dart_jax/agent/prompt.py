@@ -16,6 +16,10 @@ screenshot was dropped disappears, its assistant turn stays. Only the last `max_
 assistant texts stay. Images are rendered as <|vision_start|><|image_pad|><|vision_end|> and
 each <|image_pad|> is expanded to the image's grid_t*grid_h*grid_w / merge_size^2 tokens, as
 transformers' processor and vLLM expand it, so the ids are what the model sees.
+
+vLLM takes a token prompt with ONE <|image_pad|> per image and expands it itself (given
+expanded ids it expands the first placeholder again), so rollout workers send
+`Prompt.placeholder_ids`; vLLM's `RequestOutput.prompt_token_ids` then equals `Prompt.token_ids`.
 """
 
 from __future__ import annotations
@@ -128,7 +132,8 @@ def render(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
 
 @dataclass(frozen=True)
 class Prompt:
-    token_ids: np.ndarray  # int32 [T], image placeholders expanded
+    token_ids: np.ndarray  # int32 [T]: what the model sees, each <|image_pad|> expanded
+    placeholder_ids: np.ndarray  # int32 [T']: one <|image_pad|> per image, what vLLM takes as a token prompt
     images: tuple  # the screenshots that are in the prompt, in prompt order
     image_grid_thw: np.ndarray  # int64 [images, 3]
 
@@ -167,8 +172,8 @@ class PromptBuilder:
         images = tuple(p["image"] for m in messages if not isinstance(m["content"], str)
                        for p in m["content"] if p["type"] == "image")
         grids = np.asarray([self.image_cfg.grid_thw(*_hw(im)) for im in images], np.int64).reshape(-1, 3)
-        ids = self.encode_text(render(messages, add_generation_prompt))
-        return Prompt(self.expand_image_pads(ids, grids), images, grids)
+        ids = np.asarray(self.encode_text(render(messages, add_generation_prompt)), np.int32)
+        return Prompt(self.expand_image_pads(ids, grids), ids, images, grids)
 
     def expand_image_pads(self, ids: Sequence[int], grids_Ix3: np.ndarray) -> np.ndarray:
         """Replace the k-th <|image_pad|> by grid_t*grid_h*grid_w / merge^2 copies of itself."""

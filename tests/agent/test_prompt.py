@@ -97,6 +97,8 @@ def test_image_pads_are_expanded(builder):
     assert grids.tolist() == [[1, 24, 18], [1, 22, 30], [1, 18, 24]]  # 210x160 -> 336x252, 300x420 -> 308x420
     assert int((p.token_ids == builder.image_pad_id).sum()) == int(grids.prod(axis=1).sum()) // 4
     assert list(p.images) == shots and p.token_ids.dtype == np.int32
+    assert int((p.placeholder_ids == builder.image_pad_id).sum()) == 3  # vLLM's token prompts: one per image
+    assert np.array_equal(builder.expand_image_pads(p.placeholder_ids, grids), p.token_ids)
     text = builder.decode(p.token_ids, skip_special_tokens=False)
     assert text.count("<|vision_start|>") == 3 and "<|box_start|>(10,20)<|box_end|>" in text
 

@@ -5,7 +5,7 @@
 Run as a script (vLLM spawns workers, so the engine starts under __main__). Three requests,
 greedy, 4 tokens each with their logprobs: a text prompt; an image prompt given as chat text
 plus the image (vLLM tokenizes and expands the placeholder); the same image prompt given as
-our PromptBuilder's token ids (placeholders already expanded) plus the image.
+our PromptBuilder's placeholder ids (one <|image_pad|> per image) plus the image.
 """
 
 import json
@@ -32,19 +32,23 @@ def main(model_dir: str, out_path: str) -> None:
 
     t0 = time.time()
     llm = LLM(model=model_dir, dtype="float32", max_model_len=4096, seed=0, enforce_eager=True,
-              limit_mm_per_prompt={"image": 2}, max_num_seqs=4)
+              limit_mm_per_prompt={"image": 2}, max_num_seqs=4,
+              kv_cache_memory_bytes=256 * 2**20)  # explicit: the CPU default reserves 92% of RAM
     started = time.time() - t0
     params = SamplingParams(temperature=0.0, max_tokens=4, min_tokens=4, ignore_eos=True, logprobs=1)
 
-    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (210, 160, 3), dtype=np.uint8))
-    messages = [{"role": "user", "content": [{"type": "image", "image": image},
-                                             {"type": "text", "text": "Click the OK button."}]}]
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, hw + (3,), dtype=np.uint8)) for hw in [(210, 160), (120, 300)]]
+    messages = [{"role": "user", "content": [{"type": "image", "image": images[0]},
+                                             {"type": "text", "text": "Click the OK button."}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Action: click(start_box='(3,4)')"}]},
+                {"role": "user", "content": [{"type": "image", "image": images[1]}]}]
     builder = PromptBuilder.from_pretrained(model_dir)
     ours = builder.tokenize_messages(messages)
     requests = [
         "<|im_start|>user\nType hello into the search box.<|im_end|>\n<|im_start|>assistant\n",
-        {"prompt": render(messages), "multi_modal_data": {"image": image}},
-        {"prompt_token_ids": ours.token_ids.tolist(), "multi_modal_data": {"image": image}},
+        {"prompt": render(messages), "multi_modal_data": {"image": images}},
+        {"prompt_token_ids": ours.placeholder_ids.tolist(), "multi_modal_data": {"image": images}},
     ]
     t1 = time.time()
     outs = llm.generate(requests, params)
