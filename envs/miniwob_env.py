@@ -37,6 +37,8 @@ from envs.types import Action, Observation, StepResult, Task, TaskError
 # setTimeout's largest delay (~24.8 days); anything larger fires at once.
 _NO_LIMIT_MS = 2**31 - 1
 _WAIT_S = 0.5
+_STATE_JS = ("return {done: WOB_DONE_GLOBAL, reason: WOB_REWARD_REASON, "
+             "utterance: core.getUtterance(), dom: core.getDOMInfo()};")
 _KEYS = {"ctrl": Keys.CONTROL, "shift": Keys.SHIFT, "alt": Keys.ALT, "meta": Keys.META,
          "enter": Keys.ENTER, "tab": Keys.TAB, "esc": Keys.ESCAPE, "space": Keys.SPACE,
          "backspace": Keys.BACKSPACE, "delete": Keys.DELETE, "insert": Keys.INSERT,
@@ -87,6 +89,7 @@ class MiniWoBEnv:
         self.instance = None
         self.driver = None
         self.done = False
+        self.state: dict = {"done": False, "reason": None}
 
     # ---- Env ---------------------------------------------------------------------------
 
@@ -107,15 +110,15 @@ class MiniWoBEnv:
             raise RuntimeError("step before reset")
         if action.kind in ("finished", "call_user"):
             self.done = True
-        elif not self.done and not self._page_done():
+        elif not self.done and not self.state["done"]:  # the page ends episodes only on input
             self._perform(action)
             if self.spec.settle_ms:
                 time.sleep(self.spec.settle_ms / 1000)
-        done = self.done or self._page_done()
-        return StepResult(self._observe(), done, {"reason": self._metadata().get("reason")})
+        obs = self._observe()
+        return StepResult(obs, self.done or self.state["done"], {"reason": self.state["reason"]})
 
     def evaluate(self) -> float:
-        meta = self._metadata()
+        meta = self.instance.get_metadata()
         return min(max(float(meta["raw_reward"]), 0.0), 1.0) if meta["done"] else 0.0
 
     def close(self) -> None:
@@ -174,22 +177,13 @@ class MiniWoBEnv:
             image = image.resize((inst.task_width, inst.task_height))
         buf = io.BytesIO()
         image.convert("RGB").save(buf, "PNG", compress_level=1)
-        utterance = self.driver.execute_script("return core.getUtterance();")
+        self.state = self.driver.execute_script(_STATE_JS)  # one round trip for the rest
+        utterance = self.state["utterance"]
         if isinstance(utterance, dict):
             utterance = utterance["utterance"]
-        return Observation(buf.getvalue(), inst.task_width, inst.task_height, str(utterance), self._dom_text())
-
-    def _dom_text(self) -> str:
-        root = self.driver.execute_script("return core.getDOMInfo();")
         lines: list[str] = []
-        _flatten(root, "", lines)
-        return "\n".join(lines)
-
-    def _metadata(self) -> dict:
-        return self.instance.get_metadata()
-
-    def _page_done(self) -> bool:
-        return bool(self._metadata()["done"])
+        _flatten(self.state["dom"], "", lines)
+        return Observation(buf.getvalue(), inst.task_width, inst.task_height, str(utterance), "\n".join(lines))
 
     def _perform(self, action: Action) -> None:
         chain = ActionChains(self.driver, duration=0)
