@@ -19,7 +19,7 @@ def test_slots_are_variants_chosen_by_type():
 
 @pytest.mark.parametrize("data, key", [
     ({"slots": [{"type": "vnc"}]}, "slots[0].type"), ({"slots": [{"type": "synthetic", "count": 0}]}, "count"),
-    ({"invalid_action": "ignore"}, "invalid_action"), ({"lease_s": 0}, "lease_s"), ({"slots": []}, ""),
+    ({"invalid_action": "ignore"}, "invalid_action"), ({"lease_s": 0}, "lease_s"), ({"slots": []}, "at least one slot"),
     ({"slots": [{"type": "miniwob", "colour": 1}]}, "colour")])
 def test_bad_configs_name_the_key(data, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
