@@ -40,25 +40,18 @@ class ParamSpec:
         return np.ascontiguousarray(x.T).reshape(self.hf_shape)
 
     def from_hf(self, x: np.ndarray) -> np.ndarray:
+        """Flax layout of a torch-layout tensor, or of a block of it cut along dim 0 (conv3d)."""
         if self.kind == "copy":
             return x
-        return np.ascontiguousarray(x.reshape(self.hf_shape[0], -1).T)
+        return np.ascontiguousarray(x.reshape(x.shape[0], -1).T)
 
     def hf_index(self, index: tuple[slice, ...]) -> tuple[slice, ...]:
-        """The torch-layout slice holding the Flax-layout slice `index` (whole trailing dims for conv3d)."""
+        """The torch-layout block holding the Flax-layout block `index` (whole trailing dims for conv3d)."""
         if self.kind == "copy":
             return index
         if self.kind == "linear":
             return (index[1], index[0])
         return (index[1],) + (slice(None),) * (len(self.hf_shape) - 1)
-
-    def from_hf_slice(self, x: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
-        """Flax-layout block for `index` from the torch block read at `hf_index(index)`."""
-        if self.kind == "copy":
-            return x
-        if self.kind == "linear":
-            return np.ascontiguousarray(x.T)
-        return np.ascontiguousarray(x.reshape(x.shape[0], -1).T[index[0]])
 
 
 def hf_name_of(path: Path) -> str:

@@ -65,25 +65,27 @@ class TensorEntry:
     shape: tuple[int, ...]
     offset: int  # absolute byte offset of the data in the file
 
-    def read(self, index: tuple[slice, ...], out_dtype) -> np.ndarray:
-        """The block `index` of this tensor, read in row chunks with pread (page cache, not RSS)."""
+    def read(self, index: tuple[slice, ...], out_dtype, transpose: bool = False) -> np.ndarray:
+        """The block `index` of this tensor (transposed if asked, for 2D), read in row chunks with
+        positioned reads into one output buffer: page cache, not RSS, holds the file."""
         index = tuple(index) + (slice(None),) * (len(self.shape) - len(index))
         if not self.shape:
             return self._rows(0, 1).reshape(()).astype(out_dtype)
-        r0, r1, step = index[0].indices(self.shape[0])
-        rows = range(r0, r1, step)
-        row_elems = int(np.prod(self.shape[1:], dtype=np.int64))
-        rest = index[1:]
-        out = None
-        per_chunk = max(1, _READ_CHUNK // max(1, row_elems * self.dtype.itemsize))
+        rows = range(*index[0].indices(self.shape[0]))
+        inner = tuple(len(range(*s.indices(n))) for s, n in zip(index[1:], self.shape[1:]))
+        if transpose and len(inner) != 1:
+            raise ValueError(f"transposed read of {self.name} needs a 2D tensor, has shape {self.shape}")
+        out = np.empty(inner + (len(rows),) if transpose else (len(rows),) + inner, out_dtype)
+        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        per_chunk = max(1, _READ_CHUNK // max(1, row_bytes))
         for c in range(0, len(rows), per_chunk):
-            lo, hi = rows[c], rows[min(c + per_chunk, len(rows)) - 1] + 1
-            block = self._rows(lo, hi).reshape(hi - lo, *self.shape[1:])[:: step][(slice(None),) + rest]
-            if out is None:
-                out = np.empty((len(rows),) + block.shape[1:], out_dtype)
-            out[c : c + len(block)] = block
-        if out is None:
-            out = np.empty((0,) + np.empty(self.shape[1:])[rest].shape, out_dtype)
+            sub = rows[c : c + per_chunk]
+            block = self._rows(sub.start, sub[-1] + 1).reshape(-1, *self.shape[1:])[:: sub.step]
+            piece = block[(slice(None),) + index[1:]]
+            if transpose:
+                out[:, c : c + len(sub)] = piece.T
+            else:
+                out[c : c + len(sub)] = piece
         return out
 
     def _rows(self, lo: int, hi: int) -> np.ndarray:
@@ -187,7 +189,11 @@ def load_model(
 
 def _load_one(spec: ParamSpec, entry: TensorEntry, sharding, dtype) -> jax.Array:
     def block(index):
-        return spec.from_hf_slice(entry.read(spec.hf_index(_full(index, spec.shape)), dtype), index)
+        index = _full(index, spec.shape)
+        if spec.kind == "linear":  # read straight into the [in, out] block
+            return entry.read(spec.hf_index(index), dtype, transpose=True)
+        block = spec.from_hf(entry.read(spec.hf_index(index), dtype))
+        return block[index[0]] if spec.kind == "conv3d" else block
 
     return jax.make_array_from_callback(spec.shape, sharding, block)
 
@@ -253,20 +259,25 @@ def _plan_shards(specs, dtypes, shard_bytes) -> list[list[ParamSpec]]:
     return shards
 
 
+def safetensors_header(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]]) -> bytes:
+    """Length prefix + JSON header of a safetensors file holding `tensors` back to back, in order."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, dtype, shape in tensors:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": _CODES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
 class _ShardWriter:
     """A safetensors file whose header is written first; tensors must then arrive in spec order."""
 
     def __init__(self, path: Path, specs: list[ParamSpec], dtypes):
-        header, offset = {"__metadata__": {"format": "pt"}}, 0
-        for s in specs:
-            n = int(np.prod(s.hf_shape)) * dtypes[s.hf_name].itemsize
-            header[s.hf_name] = {"dtype": _CODES[dtypes[s.hf_name]], "shape": list(s.hf_shape), "data_offsets": [offset, offset + n]}
-            offset += n
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
         self.expected = [s.hf_name for s in specs]
         self.f = open(path, "wb")
-        self.f.write(struct.pack("<Q", len(raw)) + raw)
+        self.f.write(safetensors_header([(s.hf_name, dtypes[s.hf_name], s.hf_shape) for s in specs]))
 
     @property
     def done(self) -> bool:

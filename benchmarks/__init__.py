@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks.NAME`; each prints one JSON line with its figures and the machine."""
