@@ -1,0 +1,51 @@
+"""Realistic trajectories for the trainer's tests: UI-TARS prompts over synthetic-env screenshots."""
+
+from __future__ import annotations
+
+import io
+import zlib
+
+import numpy as np
+from PIL import Image
+
+from dart_jax.agent.prompt import PromptBuilder
+from dart_jax.wire.messages import Step, Trajectory
+from envs.synthetic import TASKS, SyntheticEnv
+from envs.types import Task
+
+SIZES = ((400, 300), (280, 210), (320, 320))  # (width, height) of the synthetic screens
+
+
+def screenshots(seed: int, n: int) -> list[bytes]:
+    """n PNG screenshots of the synthetic GUI suite, sizes cycling through SIZES."""
+    out = []
+    for i in range(n):
+        w, h = SIZES[(seed + i) % len(SIZES)]
+        env = SyntheticEnv(width=w, height=h)
+        obs = env.reset(Task(f"synthetic/{TASKS[i % len(TASKS)]}/{seed}", "synthetic",
+                             TASKS[i % len(TASKS)], seed=seed * 31 + i))
+        env.close()
+        out.append(obs.screenshot)
+    return out
+
+
+def trajectory(builder: PromptBuilder, traj_id: str, task_id: str, *, steps: int = 3, reward: float = 1.0,
+               source: str = "rollout", version: int = 0, temperature: float = 1.0) -> Trajectory:
+    """An episode as rollout_gpu.episode records it: exact prompt ids, responses, log-probs."""
+    rng = np.random.default_rng(zlib.crc32(traj_id.encode()))
+    shots = screenshots(zlib.crc32(traj_id.encode()) % 97, steps)
+    images = [Image.open(io.BytesIO(png)).convert("RGB") for png in shots]
+    responses, step_list = [], []
+    for t in range(steps):
+        prompt = builder.build(f"Do task {task_id}.", images[:t + 1], responses)
+        text = f"Thought: step {t} of {traj_id}.\nAction: click(start_box='({10 + t},{20 + 3 * t})')"
+        ids = builder.response_ids(text)
+        first = t + 1 - len(prompt.images)
+        step_list.append(Step(prompt_ids=prompt.token_ids, response_ids=ids,
+                              logprobs=-rng.random(len(ids), dtype=np.float32),
+                              image_refs=list(range(first, t + 1)), policy_version=version,
+                              response_text=text, action=text.split("Action: ")[1]))
+        responses.append(text)
+    status = "success" if reward > 0 else "failure"
+    return Trajectory(traj_id=traj_id, task_id=task_id, steps=step_list, screenshots=shots, reward=reward,
+                      status=status, temperature=temperature, source=source)
