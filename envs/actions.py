@@ -19,6 +19,7 @@ import dataclasses
 import math
 import re
 
+from dart_jax.models.image_processing import smart_resize  # Qwen2-VL's rule (numpy/PIL only)
 from envs.types import POINT_KINDS, Action, Point
 
 MAX_TEXT_CHARS = 32_768
@@ -40,23 +41,6 @@ class ImageSpace:
         """(W', H'): the size of the image the model sees for a `width` x `height` screen."""
         h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
         return w, h
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen2-VL's resize rule, exactly as transformers' `smart_resize` (tested against it):
-    sides multiples of `factor`, pixels within [min_pixels, max_pixels], aspect kept."""
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"aspect ratio of {width}x{height} exceeds 200")
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 DEFAULT_SPACE = ImageSpace()
