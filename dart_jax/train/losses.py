@@ -1,0 +1,157 @@
+"""Policy losses, k3 KL and aggregation: pure functions over [B, T] token arrays.
+
+Rows are steps (B), columns tokens (T); `mask_BxT` is 1 on the response tokens that count.
+Every aggregate divides by a denominator computed once for the whole global batch
+(`denominators`), so summing micro-batch losses under gradient accumulation gives exactly
+the global mean (sum and denominator, never a mean of means).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from dart_jax.train.config import Aggregation, DualClipLoss, GSPOLoss, LossConfig
+
+_MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: past this a ratio is noise, and exp must stay finite
+
+
+@dataclasses.dataclass(frozen=True)
+class Denominators:
+    """Global counts: masked tokens, and rows with at least one masked token."""
+    tokens: jax.Array
+    seqs: jax.Array
+
+
+jax.tree_util.register_dataclass(Denominators, data_fields=["tokens", "seqs"], meta_fields=[])
+
+
+def denominators(mask_BxT: jax.Array) -> Denominators:
+    """Counts over the WHOLE batch (all micro-batches), clamped to >= 1."""
+    tokens = jnp.maximum(mask_BxT.sum(), 1.0)
+    seqs = jnp.maximum((mask_BxT.sum(axis=-1) > 0).sum(), 1.0)
+    return Denominators(tokens.astype(jnp.float32), seqs.astype(jnp.float32))
+
+
+def aggregate(x_BxT: jax.Array, mask_BxT: jax.Array, mode: Aggregation,
+              denom: Denominators, weight_B: jax.Array | None = None) -> jax.Array:
+    """This micro-batch's share of the global mean.
+
+    token_mean:           sum_bt w_b m_bt x_bt / N_tokens
+    seq_mean_token_mean:  sum_b w_b (sum_t m_bt x_bt / max(sum_t m_bt, 1)) / N_seqs
+    """
+    w_B = jnp.ones(x_BxT.shape[:1], x_BxT.dtype) if weight_B is None else weight_B
+    masked_BxT = jnp.where(mask_BxT > 0, x_BxT, 0.0) * mask_BxT
+    if mode == "token_mean":
+        return jnp.sum(w_B * masked_BxT.sum(axis=-1)) / denom.tokens
+    if mode == "seq_mean_token_mean":
+        per_seq_B = masked_BxT.sum(axis=-1) / jnp.maximum(mask_BxT.sum(axis=-1), 1.0)
+        return jnp.sum(w_B * per_seq_B) / denom.seqs
+    raise ValueError(f"unknown aggregation {mode!r}")
+
+
+def dual_clip_loss(logp_BxT, logp_old_BxT, adv_B, mask_BxT, cfg: DualClipLoss):
+    """Dual-clip PPO per token; returns (loss_BxT, clipped_BxT).
+
+        r = exp(logp - logp_old)
+        l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
+        l = min(l, -A c)            where A < 0 (the dual clip bounds the loss by c |A|)
+    """
+    del mask_BxT
+    adv = adv_B[:, None]
+    ratio = jnp.exp(jnp.clip(logp_BxT - logp_old_BxT, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    l1 = -adv * ratio
+    l2 = -adv * jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    clipped = jnp.maximum(l1, l2)
+    l3 = -adv * cfg.clip_c
+    loss = jnp.where(adv < 0, jnp.minimum(clipped, l3), clipped)
+    return loss, (l2 > l1) | ((adv < 0) & (clipped > l3))
+
+
+def gspo_loss(logp_BxT, logp_old_BxT, adv_B, mask_BxT, cfg: GSPOLoss):
+    """GSPO: one clipped ratio per sequence; returns (loss_BxT, clipped_BxT).
+
+        s_b = exp(sum_t m (logp - logp_old) / sum_t m)      (geometric mean of token ratios)
+        token form: s_bt = sg(s_b) exp(logp_bt - sg(logp_bt)), so d s_bt = s_b d logp_bt
+        l = max(-A s_bt, -A clip(s_bt, 1 - eps_low, 1 + eps_high))
+    Aggregated with seq_mean_token_mean this is exactly the GSPO objective's gradient.
+    """
+    n_B = jnp.maximum(mask_BxT.sum(axis=-1), 1.0)
+    log_s_B = jnp.sum(jnp.where(mask_BxT > 0, logp_BxT - logp_old_BxT, 0.0), axis=-1) / n_B
+    log_s_BxT = logp_BxT - jax.lax.stop_gradient(logp_BxT) + jax.lax.stop_gradient(log_s_B)[:, None]
+    s = jnp.exp(jnp.minimum(log_s_BxT, _MAX_LOG_RATIO))
+    adv = adv_B[:, None]
+    l1 = -adv * s
+    l2 = -adv * jnp.clip(s, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    return jnp.maximum(l1, l2), l2 > l1
+
+
+POLICY_LOSSES: dict[str, Callable] = {"dual_clip": dual_clip_loss, "gspo": gspo_loss}
+
+
+def policy_loss(cfg: DualClipLoss | GSPOLoss, logp_BxT, logp_old_BxT, adv_B, mask_BxT):
+    """The policy loss named by `cfg.type`: (loss_BxT, clipped_BxT)."""
+    return POLICY_LOSSES[cfg.type](logp_BxT, logp_old_BxT, adv_B, mask_BxT, cfg)
+
+
+def k3_kl(logp_BxT: jax.Array, logp_ref_BxT: jax.Array) -> jax.Array:
+    """k3 estimator of KL(pi || pi_ref) per token: exp(d) - d - 1 with d = logp_ref - logp.
+
+    Unbiased for samples from pi, always >= 0; d is clipped to +-20 so exp stays finite.
+    """
+    d = jnp.clip(logp_ref_BxT - logp_BxT, -_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return jnp.exp(d) - d - 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RLTerms:
+    """Per-token inputs of the RL objective for one micro-batch."""
+    logp_old_BxT: jax.Array  # trainer logprobs before this update (stop-gradient)
+    adv_B: jax.Array
+    mask_BxT: jax.Array  # response tokens of selected steps
+    weight_B: jax.Array  # per-step weight (selection, trajectory normalization)
+    tis_BxT: jax.Array  # truncated importance weights (ones when TIS is off)
+    logp_ref_BxT: jax.Array | None = None
+
+
+jax.tree_util.register_dataclass(
+    RLTerms, data_fields=[f.name for f in dataclasses.fields(RLTerms)], meta_fields=[])
+
+
+def rl_objective(logp_BxT: jax.Array, entropy_BxT: jax.Array, terms: RLTerms,
+                 cfg: LossConfig, denom: Denominators) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """loss = agg(w * tis * policy_loss) + kl_coef * agg(w * k3) - entropy_coef * agg(w * H).
+
+    Returns this micro-batch's share of the loss and of each metric (all exact global means
+    once summed over micro-batches).
+    """
+    m, w = terms.mask_BxT, terms.weight_B
+    agg = lambda x: aggregate(x, m, cfg.aggregation, denom, w)  # noqa: E731
+    tok_mean = lambda x: aggregate(x, m, "token_mean", denom)  # noqa: E731
+    pg_BxT, clipped_BxT = policy_loss(cfg.policy, logp_BxT, terms.logp_old_BxT, terms.adv_B, m)
+    pg = agg(terms.tis_BxT * pg_BxT)
+    loss = pg
+    metrics = {"loss/policy": pg, "loss/clip_frac": tok_mean(clipped_BxT.astype(jnp.float32)),
+               "loss/entropy": tok_mean(jax.lax.stop_gradient(entropy_BxT)),
+               "loss/ratio": tok_mean(jnp.exp(jax.lax.stop_gradient(logp_BxT)
+                                              - terms.logp_old_BxT))}
+    if cfg.kl_coef > 0:
+        if terms.logp_ref_BxT is None:
+            raise ValueError("kl_coef > 0 needs reference logprobs")
+        kl = agg(k3_kl(logp_BxT, terms.logp_ref_BxT))
+        loss = loss + cfg.kl_coef * kl
+        metrics["loss/kl"] = kl
+    if cfg.entropy_coef > 0:
+        loss = loss - cfg.entropy_coef * agg(entropy_BxT)
+    metrics["loss/total"] = loss
+    return loss, metrics
+
+
+def sft_objective(logp_BxT: jax.Array, mask_BxT: jax.Array, mode: Aggregation,
+                  denom: Denominators) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Cross-entropy on demonstration tokens: agg(-logp)."""
+    nll = aggregate(-logp_BxT, mask_BxT, mode, denom)
+    return nll, {"loss/total": nll, "loss/nll": nll}
