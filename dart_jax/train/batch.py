@@ -224,13 +224,14 @@ class Collator:
     def collate(self, examples: Sequence[StepExample], bucket: Bucket | None = None, *,
                 groups: Mapping[str, int] | None = None,
                 trajs: Mapping[str, int] | None = None) -> TrainBatch:
-        """Pad `examples` into one TrainBatch of `bucket.rows` rows (chosen when not given).
+        """Pad `examples` into one TrainBatch of `bucket.rows` rows (chosen when not given; with
+        a bucket, `examples` may be empty: all padding, as a host's share of a last batch can be).
         `groups` / `trajs` map task / trajectory ids to ints (first appearance by default)."""
         bucket = bucket or self.buckets.choose_bucket(examples)
         if len(examples) > bucket.rows:
             raise ValueError(f"{len(examples)} examples for a bucket of {bucket.rows} rows")
-        groups = groups if groups is not None else _dense_ids(e.task_id for e in examples)
-        trajs = trajs if trajs is not None else _dense_ids(e.traj_id for e in examples)
+        groups = groups if groups is not None else dense_ids(e.task_id for e in examples)
+        trajs = trajs if trajs is not None else dense_ids(e.traj_id for e in examples)
         b, t, n = bucket.rows, bucket.seq_len, len(examples)
 
         def rows(field: str, dtype) -> np.ndarray:
@@ -248,8 +249,9 @@ class Collator:
         mask = np.zeros((b, t), np.int32)
         for k, e in enumerate(examples):
             mask[k, :e.seq_len] = 1
-        pixels = np.concatenate([e.pixel_values_NxD for e in examples])
-        grids = np.concatenate([e.image_grid_thw_Ix3 for e in examples])
+        pixels = np.concatenate([np.zeros((0, self.config.vision.patch_dim), np.float32)]
+                                + [e.pixel_values_NxD for e in examples])
+        grids = np.concatenate([np.zeros((0, 3), np.int64)] + [e.image_grid_thw_Ix3 for e in examples])
         inputs = make_inputs(self.config, rows("input_ids_T", np.int32), mask, pixels, grids,
                              seq_len=t, num_slots=bucket.num_slots)
         return TrainBatch(
@@ -267,7 +269,7 @@ class Collator:
         )
 
 
-def _dense_ids(keys) -> dict[str, int]:
+def dense_ids(keys) -> dict[str, int]:
     out: dict[str, int] = {}
     for k in keys:
         out.setdefault(k, len(out))
