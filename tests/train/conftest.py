@@ -1,7 +1,9 @@
 import pytest
 
 from dart_jax.agent.prompt import PromptBuilder, PromptConfig
+from dart_jax.data.pool import write_trajectories
 from dart_jax.models.tiny import make_tiny_hf_dir
+from tests.train.trajectories import trajectory
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +15,19 @@ def tiny_dir(tmp_path_factory):
 def builder(tiny_dir):
     """Two screenshots a prompt keeps the tests' sequences short; the window logic is the same."""
     return PromptBuilder.from_pretrained(tiny_dir, PromptConfig(max_images=2))
+
+
+@pytest.fixture(scope="session")
+def trajs(builder):
+    """Three successes (two tasks) and a failure, sorted by id as a *.traj directory lists them."""
+    out = [trajectory(builder, "a", "t0", steps=3), trajectory(builder, "b", "t1", steps=2),
+           trajectory(builder, "c", "t0", steps=2), trajectory(builder, "d", "t1", steps=2, reward=0.0)]
+    return out
+
+
+@pytest.fixture(scope="session")
+def files(trajs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("trajs")
+    write_trajectories(root / "dir", trajs, "traj")
+    write_trajectories(root / "all.jsonl", trajs, "jsonl")
+    return root / "dir", root / "all.jsonl"

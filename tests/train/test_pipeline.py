@@ -12,38 +12,13 @@ import pytest
 from dart_jax.config import from_dict
 from dart_jax.data import service
 from dart_jax.data.config import DataManagerConfig
-from dart_jax.data.pool import write_trajectories
 from dart_jax.data.tasks import write_task_file
 from dart_jax.data.testing import task_specs
 from dart_jax.models.sharding import make_mesh
-from dart_jax.train.batch import BucketSpec, Collator
 from dart_jax.train.pipeline import DataManagerSource, TrajectoryFileSource, to_global
 from dart_jax.wire import Client
 from dart_jax.wire.messages import SubmitTrajectory
-from tests.train.trajectories import trajectory
-
-SPEC = dict(seq_lens=(768, 1024), num_slots=(768, 1536))
-
-
-def collator(tiny_dir, rows, **spec):
-    return Collator.from_pretrained(tiny_dir, BucketSpec(rows=rows, **{**SPEC, **spec}))
-
-
-@pytest.fixture(scope="module")
-def trajs(builder):
-    """Three successes (two tasks) and a failure, sorted by id as a *.traj directory lists them."""
-    out = [trajectory(builder, "a", "t0", steps=3), trajectory(builder, "b", "t1", steps=2),
-           trajectory(builder, "c", "t0", steps=2), trajectory(builder, "d", "t1", steps=2, reward=0.0)]
-    return out
-
-
-@pytest.fixture(scope="module")
-def files(trajs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("trajs")
-    write_trajectories(root / "dir", trajs, "traj")
-    write_trajectories(root / "all.jsonl", trajs, "jsonl")
-    return root / "dir", root / "all.jsonl"
-
+from tests.train.trajectories import assert_trees_equal, collator, trajectory
 
 def _step_of_row(trajs):
     """input ids -> (traj_id, step index): identifies every row a pipeline yields."""
@@ -57,11 +32,6 @@ def _rows(batch, index):
         ids = batch.inputs.input_ids[k][batch.inputs.attention_mask[k] > 0]
         out.append(index[ids.tobytes()])
     return out
-
-
-def _equal(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(x, y)
 
 
 def test_file_source_epochs_cover_kept_steps_and_resume_exactly(files, trajs, tiny_dir):
@@ -80,7 +50,7 @@ def test_file_source_epochs_cover_kept_steps_and_resume_exactly(files, trajs, ti
     again = iter(TrajectoryFileSource(jsonl, collator(tiny_dir, 2), seed=3, shard=(0, 1), read_threads=1))
     again.set_state(state)
     for a, b in zip(ahead, [next(again) for _ in range(3)]):
-        _equal(a, b)
+        assert_trees_equal(a, b)
 
 
 def test_file_source_drops_and_counts_steps_no_bucket_holds(files, trajs, tiny_dir):
@@ -116,7 +86,7 @@ def test_to_global_shards_rows_over_the_mesh(files, tiny_dir):
     assert batch.targets_BxT.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"))
     assert {s.data.shape for s in batch.inputs.pixel_values.addressable_shards} == {(1, 1536, 1176)}
     assert {s.data.shape for s in batch.inputs.position_ids.addressable_shards} == {(3, 1, 1024)}
-    _equal(jax.device_get(batch), local)
+    assert_trees_equal(jax.device_get(batch), local)
 
 
 @pytest.fixture
@@ -172,5 +142,5 @@ def test_data_manager_source_consumes_in_order_and_replays_after_restore(data_ma
     assert (replay.batch_id, replay.injected) == (2, second.injected)
     assert [t.traj_id for t in replay.trajectories] == [t.traj_id for t in second.trajectories]
     for a, b in zip(second.microbatches(source.collator), replay.microbatches(resumed.collator), strict=True):
-        _equal(a, b)
+        assert_trees_equal(a, b)
     resumed.close()

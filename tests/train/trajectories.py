@@ -5,15 +5,27 @@ from __future__ import annotations
 import io
 import zlib
 
+import jax
 import numpy as np
 from PIL import Image
 
 from dart_jax.agent.prompt import PromptBuilder
+from dart_jax.train.batch import BucketSpec, Collator
 from dart_jax.wire.messages import Step, Trajectory
 from envs.synthetic import TASKS, SyntheticEnv
 from envs.types import Task
 
 SIZES = ((400, 300), (280, 210), (320, 320))  # (width, height) of the synthetic screens
+SPEC = dict(seq_lens=(768, 1024), num_slots=(768, 1536))  # holds every step these trajectories have
+
+
+def collator(model_dir, rows: int, **spec) -> Collator:
+    return Collator.from_pretrained(model_dir, BucketSpec(rows=rows, **{**SPEC, **spec}))
+
+
+def assert_trees_equal(a, b) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
 
 
 def screenshots(seed: int, n: int) -> list[bytes]:
