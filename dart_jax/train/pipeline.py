@@ -128,7 +128,12 @@ class TrajectoryFileSource:
 
 @dataclass(frozen=True)
 class RLBatch:
-    """One curated GRPO batch, planned into microbatches of rows x hosts steps each."""
+    """One curated GRPO batch, planned into microbatches of rows x hosts steps each.
+
+    The *_N arrays list the kept steps in plan order: global row k of microbatch m is entry
+    m * rows * hosts + k (this host's rows start at host_index * rows), so per-step values
+    computed over the whole batch (advantages.grpo_step_advantages(reward_N, group_N, traj_N,
+    ones)) line up with every microbatch's rows."""
     batch_id: int
     trainer_version: int
     trajectories: tuple[Trajectory, ...]
