@@ -118,8 +118,11 @@ def test_data_manager_source_consumes_in_order_and_replays_after_restore(data_ma
     assert source.get_state() == {"after_batch_id": 1}
     tasks = list(dict.fromkeys(t.task_id for t in first.trajectories))
     rows = []
-    for micro in first.microbatches(source.collator):
+    for m, micro in enumerate(first.microbatches(source.collator)):
         assert micro.step_weight_B.tolist() == [1, 1, 1, 1]
+        np.testing.assert_array_equal(micro.reward_B, first.reward_N[4 * m:4 * m + 4])  # plan order
+        np.testing.assert_array_equal(micro.group_B, first.group_N[4 * m:4 * m + 4])
+        np.testing.assert_array_equal(micro.traj_B, first.traj_N[4 * m:4 * m + 4])
         for k, (tid, i) in enumerate(_rows(micro, index)):
             assert micro.group_B[k] == tasks.index(tid.split("-")[0])
             assert micro.reward_B[k] == float(tid.endswith("-2"))
