@@ -110,7 +110,7 @@ def _assign_images(runs, grids, merge) -> list[np.ndarray]:
     out, k = [], 0
     for row in runs:
         g = grids[k : k + len(row)]
-        for (start, end), (t, h, w) in zip(row, g):
+        for (start, end), (t, h, w) in zip(row, g.tolist()):
             if h % merge or w % merge or end - start != t * h * w // merge**2:
                 raise ValueError(f"image with grid {(t, h, w)} needs {t * h * w // merge**2} tokens, found {end - start}")
         out.append(g)
