@@ -6,6 +6,7 @@ import numpy as np
 
 IMAGE, VIDEO, V_START, V_END = 250, 251, 252, 253
 VOCAB = 256
+INIT = 0.1  # larger than the default 0.02 so logits are O(1-10) and attention is far from uniform
 
 # (name, text overrides, vision overrides, tie): depths, window sizes and full-attention sets differ.
 CONFIGS = {
@@ -28,9 +29,9 @@ def hf_config(name: str):
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     quarter = head_dim // 2 // 4
     section = [head_dim // 2 - 2 * ((head_dim // 2 - quarter) // 2)] + [(head_dim // 2 - quarter) // 2] * 2
-    text = dict(text, vocab_size=VOCAB, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1, pad_token_id=0,
+    text = dict(text, vocab_size=VOCAB, rms_norm_eps=1e-6, initializer_range=INIT, bos_token_id=0, eos_token_id=1, pad_token_id=0,
                 rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=section))
-    vision = dict(vision, out_hidden_size=text["hidden_size"])
+    vision = dict(vision, out_hidden_size=text["hidden_size"], initializer_range=INIT)
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE, video_token_id=VIDEO,
                             vision_start_token_id=V_START, vision_end_token_id=V_END, tie_word_embeddings=tie)
 
