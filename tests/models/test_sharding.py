@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from dart_jax.models.sharding import logical_to_spec, make_mesh
+from dart_jax.models.config import Qwen25VLConfig
+from dart_jax.models.qwen25vl import abstract_model
+from dart_jax.models.sharding import logical_to_spec, make_mesh, param_shardings
 from dart_jax.policy import load_hf
 from tests.models import hf_reference as R
 
@@ -17,6 +19,19 @@ def test_logical_rules_drop_axes_that_do_not_divide():
     assert logical_to_spec(("batch", "length", "act_embed"), (4, 9, 64), mesh_shape) == P("fsdp", None, None)
     with pytest.raises(KeyError, match="no rule"):
         logical_to_spec(("nonsense",), (4,), mesh_shape)
+
+
+def test_param_shardings_follow_the_table():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices")
+    _, abstract = abstract_model(Qwen25VLConfig.from_hf(R.hf_config("a").to_dict()))
+    shardings = param_shardings(abstract, make_mesh(1, 2, 4))
+    layer = shardings["model"]["layers"][0]
+    assert shardings["model"]["embed_tokens"]["embedding"].spec == P("tp", "fsdp")
+    assert layer["self_attn"]["q_proj"]["kernel"].spec == P("fsdp", "tp")
+    assert layer["mlp"]["down_proj"]["kernel"].spec == P("tp", "fsdp")
+    assert layer["input_layernorm"]["weight"].spec == P(None)
+    assert shardings["visual"]["blocks"][0]["attn"]["qkv"]["kernel"].spec == P("fsdp", "tp")
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 4), (2, 2, 2)])  # (data, fsdp, tp)
