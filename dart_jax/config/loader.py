@@ -16,6 +16,7 @@ Rules (levanter-style):
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -25,6 +26,20 @@ import yaml
 
 T = TypeVar("T")
 _RANGE = "dart_jax.range"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-6` (no dot) as a string; resolve it as a float, as YAML 1.2 does."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -49,7 +64,7 @@ def load(cls: type[T], path: str | Path, overrides: typing.Sequence[str] = ()) -
     except OSError as e:
         raise ConfigError(source, "", f"cannot read config file ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = _yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(source, "", f"invalid YAML: {e}".replace("\n", " ")) from None
     if data is None:
@@ -75,7 +90,7 @@ def apply_overrides(data: Any, overrides: typing.Sequence[str], source: str) -> 
                 raise ConfigError("override", ".".join(parts[: i + 1]), "is not a section")
             node = child
         try:
-            node[parts[-1]] = yaml.safe_load(raw)
+            node[parts[-1]] = _yaml(raw)
         except yaml.YAMLError:
             raise ConfigError("override", key, f"cannot parse value {raw!r}") from None
     return data

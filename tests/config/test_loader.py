@@ -94,3 +94,10 @@ def test_missing_file(tmp_path):
 def test_from_dict_is_strict_about_nested_dicts():
     with pytest.raises(ConfigError, match=r"trainer.tags.a: expected str, got int"):
         from_dict(Run, {"name": "r", "trainer": {"tags": {"a": 1}}})
+
+
+def test_exponent_floats_without_a_dot(tmp_path):
+    cfg = load(Run, write(tmp_path, "name: r\ntrainer: {optimizer: {lr: 1e-6}}\n"), [])
+    assert cfg.trainer.optimizer.lr == 1e-6
+    assert load(Run, write(tmp_path, "name: r\n"), ["trainer.optimizer.lr=3E-4"]).trainer.optimizer.lr == 3e-4
+    assert load(Run, write(tmp_path, "name: '1e5'\n")).name == "1e5"  # quoted stays a string
