@@ -2,6 +2,7 @@
 # Both install what they need first (scripts/setup.sh is idempotent: seconds when done).
 PY := .venv/bin/python
 CONFIG ?= configs/local.yaml
+RUN_NAME ?= local-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
 .PHONY: setup test test-fast run clean
@@ -16,7 +17,7 @@ test-fast: setup
 	@bash scripts/test.sh -m "not slow" $(PYTEST_ARGS)
 
 run: setup
-	$(PY) -m dart_jax.cli local $(CONFIG) $(ARGS)
+	$(PY) -m dart_jax.cli local $(CONFIG) run.name=$(RUN_NAME) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

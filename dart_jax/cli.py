@@ -55,6 +55,15 @@ def cmd_data_manager(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+    from dart_jax.jobs import local, train
+    cfg, run = _role_setup(args, "trainer")
+    hf_dir = Path(cfg.train.policy_dir) if cfg.train.policy_dir else local.policy_dir(cfg, run)
+    print(json.dumps(train.run(cfg, run, hf_dir)))
+    return 0
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     import json
     from dart_jax import logs
@@ -88,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ).set_defaults(fn=cmd_env_server)
     _with_config(sub.add_parser("data-manager", help="serve the trajectory store, scheduling and curated batches")
                  ).set_defaults(fn=cmd_data_manager)
+    _with_config(sub.add_parser("train", help="the trainer: SFT on trajectory files or RL on curated batches")
+                 ).set_defaults(fn=cmd_train)
     _with_config(sub.add_parser("local", help="the local default job: every role on this machine")
                  ).set_defaults(fn=cmd_local)
     keys = sub.add_parser("keys", help="generate a CURVE key pair for authenticated links")

@@ -42,4 +42,5 @@ def setup(role: str, log_file: Path | None = None, level: str = "INFO") -> loggi
         handler.setFormatter(JsonFormatter(role))
         root.addHandler(handler)
     logging.Formatter.converter = time.gmtime
+    logging.getLogger("absl").setLevel(max(logging.WARNING, root.level))  # orbax narrates every save
     return logging.getLogger(f"dart_jax.{role}")

@@ -12,6 +12,8 @@ from typing import Literal
 from dart_jax.config.loader import bounded
 from dart_jax.data.config import DataManagerConfig
 from dart_jax.jobs.config import LocalJobConfig
+from dart_jax.jobs.train import TrainRunConfig
+from dart_jax.train.config import TrainerConfig
 from envs.config import EnvServerConfig
 
 
@@ -42,4 +44,6 @@ class RunConfig:
     policy: PolicySection = PolicySection()
     envs: EnvServerConfig = EnvServerConfig()
     data: DataManagerConfig = DataManagerConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    train: TrainRunConfig = TrainRunConfig()
     job: LocalJobConfig = LocalJobConfig()

@@ -45,6 +45,12 @@ class RoleProcess:
                     continue
         raise TimeoutError(f"{self.role} did not answer within {timeout_s} s (see {self._out.name})")
 
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Block until a job-like role (the trainer) exits; its return code."""
+        code = self.proc.wait(timeout_s)
+        self._out.close()
+        return code
+
     def stop(self, grace_s: float = 20.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -54,5 +60,6 @@ class RoleProcess:
                 log.warning("%s ignored SIGTERM for %.0f s; killing it", self.role, grace_s)
                 self.proc.kill()
                 self.proc.wait()
-        self._out.close()
+        if not self._out.closed:
+            self._out.close()
         return self.proc.returncode
