@@ -1,9 +1,10 @@
 """Policy losses, k3 KL and aggregation: pure functions over [B, T] token arrays.
 
 Rows are steps (B), columns tokens (T); `mask_BxT` is 1 on the response tokens that count.
-Every aggregate divides by a denominator computed once for the whole global batch
-(`denominators`), so summing micro-batch losses under gradient accumulation gives exactly
-the global mean (sum and denominator, never a mean of means).
+Every aggregate is a sum divided by a denominator of the whole global batch (`Denominators`),
+so under gradient accumulation the result is exactly the global mean (sum and denominator,
+never a mean of means). With `UNIT` denominators an aggregate is the bare sum: the train
+step accumulates sums and counts over micro-batches and divides once (`finalize`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,27 @@ _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: past this a ratio is noise, and exp must
 
 @dataclasses.dataclass(frozen=True)
 class Denominators:
-    """Global counts: masked tokens, and rows with at least one masked token."""
+    """Counts: masked tokens, and rows with at least one masked token (additive)."""
     tokens: jax.Array
     seqs: jax.Array
+
+    def __add__(self, other: "Denominators") -> "Denominators":
+        return Denominators(self.tokens + other.tokens, self.seqs + other.seqs)
+
+    def of(self, mode: Aggregation) -> jax.Array:
+        """The denominator `mode` divides by (at least 1)."""
+        return jnp.maximum(self.tokens if mode == "token_mean" else self.seqs, 1.0)
 
 
 jax.tree_util.register_dataclass(Denominators, data_fields=["tokens", "seqs"], meta_fields=[])
 
+UNIT = Denominators(jnp.float32(1.0), jnp.float32(1.0))
+
 
 def denominators(mask_BxT: jax.Array) -> Denominators:
-    """Counts over the WHOLE batch (all micro-batches), clamped to >= 1."""
-    tokens = jnp.maximum(mask_BxT.sum(), 1.0)
-    seqs = jnp.maximum((mask_BxT.sum(axis=-1) > 0).sum(), 1.0)
+    """The counts of `mask_BxT`; add them up over every micro-batch of the global batch."""
+    tokens = mask_BxT.sum()
+    seqs = (mask_BxT.sum(axis=-1) > 0).sum()
     return Denominators(tokens.astype(jnp.float32), seqs.astype(jnp.float32))
 
 
@@ -46,10 +56,10 @@ def aggregate(x_BxT: jax.Array, mask_BxT: jax.Array, mode: Aggregation,
     w_B = jnp.ones(x_BxT.shape[:1], x_BxT.dtype) if weight_B is None else weight_B
     masked_BxT = jnp.where(mask_BxT > 0, x_BxT, 0.0) * mask_BxT
     if mode == "token_mean":
-        return jnp.sum(w_B * masked_BxT.sum(axis=-1)) / denom.tokens
+        return jnp.sum(w_B * masked_BxT.sum(axis=-1)) / denom.of(mode)
     if mode == "seq_mean_token_mean":
         per_seq_B = masked_BxT.sum(axis=-1) / jnp.maximum(mask_BxT.sum(axis=-1), 1.0)
-        return jnp.sum(w_B * per_seq_B) / denom.seqs
+        return jnp.sum(w_B * per_seq_B) / denom.of(mode)
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
@@ -148,6 +158,18 @@ def rl_objective(logp_BxT: jax.Array, entropy_BxT: jax.Array, terms: RLTerms,
         loss = loss - cfg.entropy_coef * agg(entropy_BxT)
     metrics["loss/total"] = loss
     return loss, metrics
+
+
+# rl_objective's metrics that are token means whatever the aggregation mode.
+TOKEN_MEAN_METRICS = frozenset({"loss/clip_frac", "loss/entropy", "loss/ratio"})
+
+
+def finalize(sums: dict[str, jax.Array], counts: Denominators,
+             mode: Aggregation) -> dict[str, jax.Array]:
+    """Global means from objectives evaluated with UNIT denominators and summed over
+    micro-batches, `counts` being the summed `denominators` of their masks."""
+    return {k: v / counts.of("token_mean" if k in TOKEN_MEAN_METRICS else mode)
+            for k, v in sums.items()}
 
 
 def sft_objective(logp_BxT: jax.Array, mask_BxT: jax.Array, mode: Aggregation,

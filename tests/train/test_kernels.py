@@ -61,7 +61,7 @@ def test_batched_per_row_temperature_jitted():
     tau_B = jnp.array([1.0, 0.5, 1.3])
     f = jax.jit(lambda h, w, t, tau: token_logprobs_entropy_BxT(h, w, t, tau, chunk_tokens=5,
                                                                 chunk_vocab=30))
-    lp, ent = f(h.reshape(3, 8, -1), w, tok.reshape(3, 8), tau_B)
+    lp, ent = f(h.reshape(3, 8, -1), w, tok.reshape(3, 8), tau_B[:, None])
     lp2, ent2 = naive_token_logprobs_entropy(h, w, tok, jnp.repeat(tau_B, 8))
     np.testing.assert_allclose(lp.reshape(-1), lp2, atol=1e-5)
     np.testing.assert_allclose(ent.reshape(-1), ent2, atol=1e-5)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from dart_jax.train.config import DualClipLoss, GSPOLoss, LossConfig
-from dart_jax.train.losses import (RLTerms, aggregate, denominators, dual_clip_loss, gspo_loss,
-                                   k3_kl, rl_objective)
+from dart_jax.train.losses import (UNIT, RLTerms, aggregate, denominators, dual_clip_loss,
+                                   finalize, gspo_loss, k3_kl, rl_objective)
 
 # one token per row: (advantage, ratio) -> hand-computed dual-clip loss (eps 0.1/0.28, c=10)
 CASES = [
@@ -111,3 +111,20 @@ def test_rl_objective_without_kl_needs_no_reference():
     with pytest.raises(ValueError, match="reference"):
         rl_objective(jnp.zeros((2, 2)), jnp.zeros((2, 2)), _terms(), LossConfig(kl_coef=0.1),
                      denominators(_terms().mask_BxT))
+
+
+def test_unit_sums_finalize_to_the_global_means():
+    """What the train step does: bare sums per micro-batch, one division at the end."""
+    logp = jnp.log(jnp.array([[1.2, 1.2], [0.8, 1.0]]))
+    ent = jnp.array([[1.0, 2.0], [3.0, 9.0]])
+    terms = _terms(jnp.zeros((2, 2)))
+    cfg = LossConfig(kl_coef=0.1, aggregation="seq_mean_token_mean")
+    whole_loss, whole = rl_objective(logp, ent, terms, cfg, denominators(terms.mask_BxT))
+    rows = [jax.tree.map(lambda x: x[i:i + 1], terms) for i in range(2)]
+    parts = [rl_objective(logp[i:i + 1], ent[i:i + 1], rows[i], cfg, UNIT)[1] for i in range(2)]
+    sums = jax.tree.map(lambda a, b: a + b, *parts)
+    counts = denominators(rows[0].mask_BxT) + denominators(rows[1].mask_BxT)
+    got = finalize(sums, counts, cfg.aggregation)
+    for key, val in whole.items():
+        np.testing.assert_allclose(got[key], val, rtol=1e-6, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(got["loss/total"], whole_loss, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,280 @@
+"""The train step: pure functions of (state, micro-batch), compiled once per shape bucket.
+
+One optimizer update on a batch of M micro-batches (each padded to its own bucket):
+
+    scores_m = score(params, ref_params, micro_m)        # no grad: old/ref logprobs, entropy
+    plan = plan_steps(...)                               # host: advantages, selection (global)
+    acc = zeros
+    for m: acc = accumulate(params, acc, micro_m, rows_m) # grads and sums of the UNIT objective
+    state, metrics = apply(state, acc)                   # divide by the global counts, AdamW
+
+Losses are evaluated with UNIT denominators, so `acc` holds gradient *sums* and token/row
+counts; `apply` divides once: exact global means under any split into micro-batches (losses.py).
+`Steps` compiles each function once per (bucket, shardings) with explicit in/out shardings and
+donated buffers (the state into `apply`, the accumulator into `accumulate`), and counts the
+compilations. Parameters stay fp32 (master weights); the model's compute dtype is set when it
+is built (`compute_dtype`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dart_jax.models import qwen25vl
+from dart_jax.models.sharding import param_shardings, var_sharding
+from dart_jax.train import losses
+from dart_jax.train.batch import TrainBatch
+from dart_jax.train.config import OptimizerConfig, TrainerConfig
+from dart_jax.train.kernels import token_logprobs_entropy_BxT
+from dart_jax.train.losses import UNIT, Denominators, RLTerms
+from dart_jax.train.pipeline import batch_specs
+from dart_jax.train.selection import step_mean_entropy
+from dart_jax.train.tis import mismatch_metrics, mismatch_sums, tis_weights
+
+ROWS = ("data", "fsdp")  # mesh axes of the batch dimension
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    step: jax.Array  # int32 []: optimizer updates done
+    params: nnx.State  # fp32 master weights
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """A micro-batch's no-grad pass: each field None when the config does not need it."""
+    logp_old_BxT: jax.Array | None  # policy before the update (several updates, selection)
+    entropy_B: jax.Array | None  # mean response-token entropy of each row (selection)
+    logp_ref_BxT: jax.Array | None  # frozen reference (kl_coef > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTargets:
+    """Per-row values decided over the whole batch, plus the micro-batch's scores."""
+    adv_B: jax.Array  # GRPO advantage
+    weight_B: jax.Array  # 0 drops the row (padding, not selected); else its loss weight
+    scores: Scores
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulator:
+    grads: nnx.State  # sums of UNIT-objective gradients, fp32
+    sums: dict[str, jax.Array]  # sums of UNIT-objective metrics
+    counts: Denominators  # masked tokens and rows seen
+
+
+for _cls in (TrainState, Scores, RowTargets, Accumulator):
+    jax.tree_util.register_dataclass(_cls, data_fields=[f.name for f in dataclasses.fields(_cls)],
+                                     meta_fields=[])
+
+
+def make_optimizer(cfg: OptimizerConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Global-norm clipping, then AdamW on the schedule (constant / warmup + cosine / linear)."""
+    if cfg.schedule == "constant":
+        schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
+                                         optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
+    elif cfg.schedule == "cosine":
+        schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, cfg.total_steps)
+    else:
+        schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
+                                         optax.linear_schedule(cfg.lr, 0.0, cfg.total_steps
+                                                               - cfg.warmup_steps)],
+                                        [cfg.warmup_steps])
+    opt = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                      optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay))
+    return opt, schedule
+
+
+# ---- pure functions -------------------------------------------------------------------
+
+def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entropy_grad=False):
+    """(logp_BxT, entropy_BxT) of mb.targets_BxT at the rollout's temperatures."""
+    h_BxTxD = qwen25vl.hidden_states((graphdef, params), mb.inputs)
+    w_DxV = qwen25vl.lm_head_kernel((graphdef, params)).astype(h_BxTxD.dtype)
+    # padding rows carry temperature 0; greedy (0) sampling has no logprobs to match anyway
+    tau_B = jnp.where(mb.temperature_B > 0, mb.temperature_B, 1.0)
+    return token_logprobs_entropy_BxT(h_BxTxD, w_DxV, mb.targets_BxT, tau_B[:, None],
+                                      chunk_tokens=cfg.kernel.chunk_tokens,
+                                      chunk_vocab=cfg.kernel.chunk_vocab, entropy_grad=entropy_grad)
+
+
+def needs_old_logp(cfg: TrainerConfig) -> bool:
+    return cfg.mode == "rl" and (cfg.updates_per_batch > 1 or cfg.selection.enabled)
+
+
+def score(graphdef, cfg: TrainerConfig, params, ref_params, mb: TrainBatch) -> Scores:
+    """The no-grad pass over one micro-batch before any update of this batch."""
+    logp_old = entropy = logp_ref = None
+    if needs_old_logp(cfg):
+        logp_old, ent = token_scores(graphdef, params, mb, cfg)
+        entropy = step_mean_entropy(ent, mb.loss_mask_BxT)
+    if cfg.loss.kl_coef > 0:
+        logp_ref, _ = token_scores(graphdef, ref_params, mb, cfg)
+    return Scores(logp_old, entropy, logp_ref)
+
+
+def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
+    """UNIT-denominator RL objective of one micro-batch: (loss sum, (metric sums, counts))."""
+    logp, ent = token_scores(graphdef, params, mb, cfg, entropy_grad=cfg.loss.entropy_coef > 0)
+    mask = mb.loss_mask_BxT * (rows.weight_B > 0)[:, None]
+    old = rows.scores.logp_old_BxT
+    old = jax.lax.stop_gradient(logp) if old is None else old
+    sampled = mask * ~mb.is_demo_B[:, None]  # demonstrations have no sampler logprobs
+    w_tis = tis_weights(old, mb.rollout_logp_BxT, sampled, cap=cfg.tis.cap, level=cfg.tis.level)
+    tis = jnp.where(sampled > 0, w_tis, 1.0) if cfg.tis.enabled else jnp.ones_like(mask)
+    terms = RLTerms(old, rows.adv_B, mask, rows.weight_B, tis, rows.scores.logp_ref_BxT)
+    loss, metrics = losses.rl_objective(logp, ent, terms, cfg.loss, UNIT)
+    mismatch = mismatch_sums(old, mb.rollout_logp_BxT, sampled, w_tis, cfg.tis.cap)
+    tis_sums = {f"tis_sum/{k}": v for k, v in mismatch.items()}
+    return loss, (metrics, tis_sums, losses.denominators(mask))
+
+
+def sft_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
+    """UNIT-denominator cross-entropy on the demonstration tokens of one micro-batch."""
+    logp, _ = token_scores(graphdef, params, mb, cfg)
+    mask = mb.loss_mask_BxT * (rows.weight_B > 0)[:, None]
+    loss, metrics = losses.sft_objective(logp, mask, cfg.loss.aggregation, UNIT)
+    return loss, (metrics, {}, losses.denominators(mask))
+
+
+def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: TrainBatch,
+               rows: RowTargets) -> Accumulator:
+    """acc + this micro-batch's gradient sums, metric sums and counts."""
+    loss_fn = rl_loss if cfg.mode == "rl" else sft_loss
+    grad_fn = jax.grad(lambda p: loss_fn(graphdef, cfg, p, mb, rows), has_aux=True)
+    grads, (metrics, tis_sums, counts) = grad_fn(params)
+    add = lambda a, b: a + b  # noqa: E731
+    sums = {**metrics, **tis_sums}
+    return Accumulator(jax.tree.map(add, acc.grads, grads),
+                       {k: acc.sums[k] + v for k, v in sums.items()}, acc.counts + counts)
+
+
+def apply(optimizer, schedule, cfg: TrainerConfig, state: TrainState, acc: Accumulator):
+    """Divide the sums by the global counts and take one AdamW step: (state, metrics)."""
+    grads = jax.tree.map(lambda g: g / acc.counts.of(cfg.loss.aggregation), acc.grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    loss_sums = {k: v for k, v in acc.sums.items() if not k.startswith("tis_sum/")}
+    metrics = losses.finalize(loss_sums, acc.counts, cfg.loss.aggregation)
+    if cfg.mode == "rl":
+        metrics |= mismatch_metrics({k.split("/", 1)[1]: v for k, v in acc.sums.items()
+                                     if k.startswith("tis_sum/")})
+    metrics |= {"optim/grad_norm": optax.tree.norm(grads), "optim/lr": schedule(state.step),
+                "optim/tokens": acc.counts.tokens, "optim/rows": acc.counts.seqs}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+
+# ---- compiled, sharded ----------------------------------------------------------------
+
+def _replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def _shape_key(tree) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return (treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
+
+
+class Steps:
+    """The step functions of one model and config on one mesh, compiled per bucket.
+
+    `compiles` counts XLA compilations by function name: each shape bucket compiles
+    `score` and `accumulate` once, `apply` and `zeros` compile once in all.
+    """
+
+    def __init__(self, graphdef, abstract_params: nnx.State, cfg: TrainerConfig, mesh: Mesh):
+        self.graphdef, self.cfg, self.mesh = graphdef, cfg, mesh
+        self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
+        self.param_shardings = param_shardings(abstract_params, mesh)
+        abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
+        # moments are Params carrying the parameters' logical axes: shard them alike
+        self.opt_shardings = optax.tree_map_params(
+            self.optimizer, lambda v: var_sharding(v, mesh), abstract_opt,
+            transform_non_params=lambda _: _replicated(mesh),
+            is_leaf=lambda x: isinstance(x, nnx.Variable))
+        rep = _replicated(mesh)
+        self.state_shardings = TrainState(rep, self.param_shardings, self.opt_shardings)
+        self.compiles: dict[str, int] = {}
+        self._cache: dict[tuple, Callable] = {}
+        self._sum_names: tuple[str, ...] | None = None
+
+    # -- sharding helpers
+    def batch_shardings(self, mb: TrainBatch) -> TrainBatch:
+        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), batch_specs(mb, ROWS),
+                            is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+    def row_shardings(self, rows: RowTargets) -> RowTargets:
+        row = NamedSharding(self.mesh, PartitionSpec(ROWS))
+        return jax.tree.map(lambda _: row, rows)
+
+    def _acc_shardings(self, names) -> Accumulator:
+        rep = _replicated(self.mesh)
+        return Accumulator(self.param_shardings, {k: rep for k in names}, Denominators(rep, rep))
+
+    def _compiled(self, name: str, fn, args, in_shardings, out_shardings, donate=()):
+        key = (name, _shape_key(args))
+        if key not in self._cache:
+            jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                             donate_argnums=donate)
+            with jax.set_mesh(self.mesh):
+                self._cache[key] = jitted.lower(*args).compile()
+            self.compiles[name] = self.compiles.get(name, 0) + 1
+        return self._cache[key]
+
+    # -- the step functions
+    def init_state(self, params: nnx.State) -> TrainState:
+        fn = lambda p: TrainState(jnp.zeros((), jnp.int32), p, self.optimizer.init(p))  # noqa: E731
+        return self._compiled("init", fn, (params,), (self.param_shardings,),
+                              self.state_shardings)(params)
+
+    def score(self, params, ref_params, mb: TrainBatch) -> Scores:
+        fn = lambda p, r, b: score(self.graphdef, self.cfg, p, r, b)  # noqa: E731
+        row = NamedSharding(self.mesh, PartitionSpec(ROWS))
+        out = jax.tree.map(lambda _: row, jax.eval_shape(fn, params, ref_params, mb))
+        ref_sh = None if ref_params is None else self.param_shardings
+        return self._compiled("score", fn, (params, ref_params, mb),
+                              (self.param_shardings, ref_sh, self.batch_shardings(mb)),
+                              out)(params, ref_params, mb)
+
+    def zeros(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
+        """An empty accumulator; its metric names depend on the config, not the bucket."""
+        if self._sum_names is None:
+            loss_fn = rl_loss if self.cfg.mode == "rl" else sft_loss
+            aux = jax.eval_shape(lambda p: loss_fn(self.graphdef, self.cfg, p, mb, rows)[1], params)
+            self._sum_names = tuple(sorted({**aux[0], **aux[1]}))
+        names = self._sum_names
+        shapes = [(x.shape, jnp.float32) for x in jax.tree.leaves(params)]
+        treedef = jax.tree.structure(params)
+
+        def init():
+            grads = jax.tree.unflatten(treedef, [jnp.zeros(*s) for s in shapes])
+            zero = jnp.zeros((), jnp.float32)
+            return Accumulator(grads, {k: zero for k in names}, Denominators(zero, zero))
+
+        acc_sh = self._acc_shardings(names)
+        return self._compiled("zeros", init, (), (), acc_sh)()
+
+    def accumulate(self, params, acc: Accumulator, mb: TrainBatch, rows: RowTargets) -> Accumulator:
+        fn = lambda p, a, b, r: accumulate(self.graphdef, self.cfg, p, a, b, r)  # noqa: E731
+        acc_sh = self._acc_shardings(acc.sums)
+        return self._compiled(
+            "accumulate", fn, (params, acc, mb, rows),
+            (self.param_shardings, acc_sh, self.batch_shardings(mb), self.row_shardings(rows)),
+            acc_sh, donate=(1,))(params, acc, mb, rows)
+
+    def apply(self, state: TrainState, acc: Accumulator) -> tuple[TrainState, dict]:
+        fn = lambda s, a: apply(self.optimizer, self.schedule, self.cfg, s, a)  # noqa: E731
+        rep = _replicated(self.mesh)
+        metrics_sh = jax.tree.map(lambda _: rep, jax.eval_shape(fn, state, acc)[1])
+        return self._compiled("apply", fn, (state, acc),
+                              (self.state_shardings, self._acc_shardings(acc.sums)),
+                              (self.state_shardings, metrics_sh), donate=(0,))(state, acc)
+

@@ -1,0 +1,164 @@
+"""The trainer: one policy, its optimizer state and reference, updated batch by batch.
+
+    trainer = Trainer(cfg, hf_dir, mesh)                       # fp32 master weights on `mesh`
+    metrics = trainer.update_rl(rl_batch, collator)             # one curated GRPO batch
+    metrics = trainer.update_sft([batch, ...])                  # accum_steps TrainBatches
+
+`run` drives either from its pipeline with orbax checkpoints (params, optimizer state, step,
+policy version, the data position) and resumes where a killed run stopped. Metrics of update
+N are read after update N+1 is dispatched, so the host never waits on the device for them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dart_jax.models import hf_io
+from dart_jax.models.sharding import make_mesh
+from dart_jax.train.batch import Collator, TrainBatch
+from dart_jax.train.checkpoint import CheckpointMeta, Checkpointer, abstract_state, config_hash
+from dart_jax.train.config import TrainerConfig
+from dart_jax.train.pipeline import RLBatch, to_global
+from dart_jax.train.plan import plan_steps
+from dart_jax.train.step import (ROWS, Accumulator, RowTargets, Scores, Steps, TrainState,
+                                 needs_old_logp)
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, hf_dir: str | Path, mesh: Mesh | None = None):
+        self.cfg = cfg
+        self.mesh = mesh or make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tp)
+        model, _ = hf_io.load_model(hf_dir, mesh=self.mesh, dtype=cfg.compute_dtype, remat=cfg.remat)
+        graphdef, params = nnx.split(model)
+        self.steps = Steps(graphdef, params, cfg, self.mesh)
+        self.state: TrainState = self.steps.init_state(params)
+        self.step = 0  # host copy of state.step: reading the device's would stall dispatch
+        # the frozen reference is the starting policy, read again from hf_dir on resume
+        self.ref_params = params if cfg.mode == "rl" and cfg.loss.kl_coef > 0 else None
+        self.policy_version = 0
+
+    # -- updates
+    def update_rl(self, rl: RLBatch, collator: Collator) -> dict:
+        """`updates_per_batch` optimizer updates on one curated batch; metrics of the last."""
+        micro, rows, plan_metrics = self.prepare_rl(rl, collator)
+        for _ in range(self.cfg.updates_per_batch):
+            metrics = self._apply(self.gradients(micro, rows))
+        return metrics | plan_metrics
+
+    def update_sft(self, batches: list[TrainBatch]) -> dict:
+        """One optimizer update on host-local batches (cross-entropy on the loss mask)."""
+        return self._apply(self.gradients(*self.prepare_sft(batches)))
+
+    def prepare_sft(self, batches: list[TrainBatch]):
+        """Global micro-batches; every real row counts (its advantage is unused)."""
+        micro = [to_global(mb, self.mesh) for mb in batches]
+        return micro, [RowTargets(mb.step_weight_B, mb.step_weight_B, Scores(None, None, None))
+                       for mb in micro]
+
+    def prepare_rl(self, rl: RLBatch, collator: Collator):
+        """Global micro-batches, and each one's row targets from the no-grad pass and the
+        whole-batch plan (advantages, entropy selection)."""
+        micro = [to_global(mb, self.mesh) for mb in rl.microbatches(collator)]
+        params, none = self.state.params, Scores(None, None, None)
+        need_scores = needs_old_logp(self.cfg) or self.ref_params is not None
+        scores = [self.steps.score(params, self.ref_params, mb) if need_scores else none
+                  for mb in micro]
+        entropy = None
+        if self.cfg.selection.enabled:
+            entropy = np.concatenate([_host(s.entropy_B) for s in scores])[:len(rl.reward_N)]
+        plan = plan_steps(self.cfg, rl.reward_N, rl.group_N, rl.traj_N, entropy)
+        rows = [self._row_targets(plan.adv_N, plan.weight_N, m, mb, s)
+                for m, (mb, s) in enumerate(zip(micro, scores))]
+        metrics = {k: np.float32(v) for k, v in plan.metrics.items()}
+        metrics |= {"batch/steps": np.int32(len(rl.reward_N)), "batch/micro": np.int32(len(micro)),
+                    "batch/dropped": np.int32(rl.dropped)}
+        return micro, rows, metrics
+
+    def gradients(self, micro: list[TrainBatch], rows: list[RowTargets]) -> Accumulator:
+        """Gradient and metric sums over the micro-batches, at the current parameters."""
+        params = self.state.params
+        acc = self.steps.zeros(params, micro[0], rows[0])
+        for mb, r in zip(micro, rows):
+            acc = self.steps.accumulate(params, acc, mb, r)
+        return acc
+
+    def _apply(self, acc: Accumulator) -> dict:
+        self.state, metrics = self.steps.apply(self.state, acc)
+        self.step += 1
+        self.policy_version += 1
+        return metrics | {f"compiles/{k}": np.int32(v) for k, v in self.steps.compiles.items()}
+
+    def _row_targets(self, adv_N, weight_N, m: int, mb: TrainBatch, scores: Scores) -> RowTargets:
+        """Plan entries of micro-batch m's global rows (row g is entry m * R + g)."""
+        R = mb.targets_BxT.shape[0]
+        sl = lambda x: np.pad(x[m * R:(m + 1) * R], (0, max(0, (m + 1) * R - len(x))))  # noqa: E731
+        sharding = NamedSharding(self.mesh, PartitionSpec(ROWS))
+        put = lambda x: jax.make_array_from_callback((R,), sharding, lambda i: x[i])  # noqa: E731
+        return RowTargets(put(sl(adv_N).astype(np.float32)), put(sl(weight_N).astype(np.float32)),
+                          scores)
+
+    # -- checkpoints
+    def save(self, ckpt: Checkpointer, data_state: dict) -> bool:
+        meta = CheckpointMeta(policy_version=self.policy_version, data_state=data_state,
+                              config_hash=config_hash(self.cfg))
+        return ckpt.save(self.step, self.state, meta)
+
+    def restore(self, ckpt: Checkpointer) -> dict | None:
+        """Load the latest checkpoint, if any; returns its data position."""
+        if ckpt.latest_step() is None:
+            return None
+        target = abstract_state(self.state, self.steps.state_shardings)
+        self.state, meta = ckpt.restore(target, config_hash=config_hash(self.cfg))
+        self.step = int(self.state.step)
+        self.policy_version = meta.policy_version
+        log.info("resumed at step %d (policy version %d)", self.step, self.policy_version)
+        return meta.data_state
+
+
+def _host(x: jax.Array) -> np.ndarray:
+    """A (possibly multi-host) global array, whole, on every host."""
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def run(trainer: Trainer, source, num_steps: int, ckpt: Checkpointer | None = None, *,
+        collator: Collator | None = None, on_metrics=None) -> None:
+    """Update until `num_steps` optimizer steps are done, checkpointing every
+    `checkpoint.every_steps` and at the end.
+
+    `source` is a grain iterator of TrainBatch (SFT: accum_steps batches per update) or a
+    DataManagerSource (RL: one curated batch per update round). Both expose get_state /
+    set_state, saved with the train state. `on_metrics(step, metrics)` gets host floats.
+    """
+    if ckpt is not None and (data_state := trainer.restore(ckpt)) is not None:
+        source.set_state(data_state)
+    pending: tuple[int, dict] | None = None
+    while trainer.step < num_steps:
+        if trainer.cfg.mode == "rl":
+            source.trainer_version = trainer.policy_version
+            metrics = trainer.update_rl(next(source), collator)
+        else:
+            metrics = trainer.update_sft(_take(source, trainer.cfg.buckets.accum_steps))
+        if pending is not None and on_metrics is not None:
+            on_metrics(pending[0], jax.device_get(pending[1]))
+        pending = (trainer.step, metrics)
+        if ckpt is not None and (trainer.step % trainer.cfg.checkpoint.every_steps == 0
+                                 or trainer.step >= num_steps):
+            trainer.save(ckpt, source.get_state())
+    if pending is not None and on_metrics is not None:
+        on_metrics(pending[0], jax.device_get(pending[1]))
+    if ckpt is not None:
+        ckpt.wait()
+
+
+def _take(it: Iterator[TrainBatch], n: int) -> list[TrainBatch]:
+    return [next(it) for _ in range(n)]
