@@ -76,7 +76,7 @@ class OptimizerConfig:
 class BucketConfig:
     """Static shapes: each batch pads to the smallest bucket that holds it."""
     seq_lens: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
-    num_slots: tuple[int, ...] = (0, 256, 1024, 4096)  # vision patch slots per row
+    num_slots: tuple[int, ...] = (256, 1024, 4096)  # vision patch slots per row (multiples of the window)
     rows: int = bounded(8, ge=1)  # rows (steps) per micro-batch
     accum_steps: int = bounded(1, ge=1)  # micro-batches per optimizer update
 
