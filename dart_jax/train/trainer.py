@@ -117,7 +117,8 @@ class Trainer:
         """Load the latest checkpoint, if any; returns its data position."""
         if ckpt.latest_step() is None:
             return None
-        target = abstract_state(self.state, self.steps.state_shardings)
+        shardings = jax.tree.broadcast(self.steps.state_shardings, self.state)  # per array
+        target = abstract_state(self.state, shardings)
         self.state, meta = ckpt.restore(target, config_hash=config_hash(self.cfg))
         self.step = int(self.state.step)
         self.policy_version = meta.policy_version
