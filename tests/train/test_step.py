@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from dart_jax.models.sharding import make_mesh
-from dart_jax.train.config import DualClipLoss, LossConfig, OptimizerConfig, TrainerConfig
+from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig,
+                                   TrainerConfig)
 from dart_jax.train.pipeline import plan_batch
 from dart_jax.train.trainer import Trainer
 from dart_jax.wire.messages import CuratedBatch
@@ -68,3 +69,35 @@ def test_accumulated_micro_batches_equal_one_batch(tiny_dir, group_trajs, mode):
     _assert_close(_mean_grads(accs[0], mode), _mean_grads(accs[1], mode))
     loss = [float(a.sums["loss/total"]) / float(a.counts.of(mode)) for a in accs]
     np.testing.assert_allclose(loss[0], loss[1], rtol=1e-6)
+
+
+def _rl_cfg(**kw):
+    base = dict(mode="rl", optimizer=OptimizerConfig(lr=1e-3), loss=LossConfig(kl_coef=0.0),
+                selection=SelectionConfig(enabled=False))
+    return TrainerConfig(**{**base, **kw})
+
+
+def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, group_trajs):
+    col = collator(tiny_dir, 4)
+    rl = _rl_batch(group_trajs, col)
+    once = Trainer(_rl_cfg(), tiny_dir, make_mesh(1, 1, 1))
+    for _ in range(2):  # a fresh batch each time: old = current policy, ratio exactly 1
+        m = jax.device_get(once.update_rl(rl, col))
+        assert float(m["loss/ratio"]) == 1.0 and float(m["loss/clip_frac"]) == 0.0
+    twice = Trainer(_rl_cfg(updates_per_batch=2), tiny_dir, make_mesh(1, 1, 1))
+    m = jax.device_get(twice.update_rl(rl, col))  # the second update's metrics
+    assert twice.step == 2 and abs(float(m["loss/ratio"]) - 1.0) > 1e-3
+    assert twice.steps.compiles["score"] >= 1  # old logprobs came from the no-grad pass
+
+
+def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs):
+    col = collator(tiny_dir, 4)
+    rl = _rl_batch(group_trajs, col)
+    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5)), tiny_dir,
+                 make_mesh(1, 1, 1))
+    m = jax.device_get(tr.update_rl(rl, col))
+    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4  # top half of 8 steps
+    assert float(m["select/kept_frac"]) == 0.5
+    kept, threshold, dropped = (float(m[f"select/{k}"]) for k in ("entropy_kept", "threshold",
+                                                                      "entropy_dropped"))
+    assert kept >= threshold >= dropped
