@@ -220,8 +220,12 @@ class Steps:
         return Accumulator(self.param_shardings, {k: rep for k in names}, Denominators(rep, rep))
 
     def _compiled(self, name: str, fn, args, in_shardings, out_shardings, donate=()):
+        """The executable of `fn` for these argument shapes; `out_shardings` may be a
+        function of the output shapes (traced only when compiling)."""
         key = (name, _shape_key(args))
         if key not in self._cache:
+            if callable(out_shardings):
+                out_shardings = out_shardings(jax.eval_shape(fn, *args))
             jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                              donate_argnums=donate)
             with jax.set_mesh(self.mesh):
@@ -238,11 +242,10 @@ class Steps:
     def score(self, params, ref_params, mb: TrainBatch) -> Scores:
         fn = lambda p, r, b: score(self.graphdef, self.cfg, p, r, b)  # noqa: E731
         row = NamedSharding(self.mesh, PartitionSpec(ROWS))
-        out = jax.tree.map(lambda _: row, jax.eval_shape(fn, params, ref_params, mb))
         ref_sh = None if ref_params is None else self.param_shardings
         return self._compiled("score", fn, (params, ref_params, mb),
                               (self.param_shardings, ref_sh, self.batch_shardings(mb)),
-                              out)(params, ref_params, mb)
+                              lambda out: jax.tree.map(lambda _: row, out))(params, ref_params, mb)
 
     def zeros(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
         """An empty accumulator; its metric names depend on the config, not the bucket."""
@@ -273,8 +276,8 @@ class Steps:
     def apply(self, state: TrainState, acc: Accumulator) -> tuple[TrainState, dict]:
         fn = lambda s, a: apply(self.optimizer, self.schedule, self.cfg, s, a)  # noqa: E731
         rep = _replicated(self.mesh)
-        metrics_sh = jax.tree.map(lambda _: rep, jax.eval_shape(fn, state, acc)[1])
+        out_sh = lambda out: (self.state_shardings, jax.tree.map(lambda _: rep, out[1]))  # noqa: E731
         return self._compiled("apply", fn, (state, acc),
                               (self.state_shardings, self._acc_shardings(acc.sums)),
-                              (self.state_shardings, metrics_sh), donate=(0,))(state, acc)
+                              out_sh, donate=(0,))(state, acc)
 

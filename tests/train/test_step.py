@@ -101,3 +101,22 @@ def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs)
     kept, threshold, dropped = (float(m[f"select/{k}"]) for k in ("entropy_kept", "threshold",
                                                                       "entropy_dropped"))
     assert kept >= threshold >= dropped
+
+
+@pytest.mark.parametrize("schedule,want", [
+    ("constant", [0.0, 0.5, 1.0, 1.0, 1.0]),  # 2 warmup steps, then flat
+    ("linear", [0.0, 0.5, 1.0, 0.5, 0.0]),  # to 0 at total_steps = 4
+    ("cosine", [0.0, 0.5, 1.0, 0.5, 0.0]),
+])
+def test_schedules(schedule, want):
+    from dart_jax.train.step import make_optimizer
+    _, lr = make_optimizer(OptimizerConfig(lr=1.0, schedule=schedule, warmup_steps=2, total_steps=4))
+    np.testing.assert_allclose([float(lr(i)) for i in range(5)], want, atol=1e-6)
+
+
+def test_bf16_compute_keeps_fp32_master_weights(tiny_dir, group_trajs):
+    tr = Trainer(TrainerConfig(mode="sft", compute_dtype="bfloat16"), tiny_dir, make_mesh(1, 1, 1))
+    batch = collator(tiny_dir, 4).collate(collator(tiny_dir, 4).examples(group_trajs[0])[:2])
+    m = jax.device_get(tr.update_sft([batch]))
+    assert np.isfinite(m["loss/total"]) and m["optim/grad_norm"] > 0
+    assert {x.dtype for x in jax.tree.leaves(tr.state.params)} == {np.dtype("float32")}
