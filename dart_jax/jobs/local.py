@@ -26,7 +26,7 @@ from dart_jax.jobs import demos
 from dart_jax.jobs.procs import RoleProcess
 from dart_jax.rundir import MetricsWriter, RunDir
 from dart_jax.wire import Client
-from dart_jax.wire.messages import DataStats, PoolImport, StatsRequest
+from dart_jax.wire.messages import DataStats, PoolImport, PoolImported, StatsRequest
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,9 @@ def collect_demos(cfg: RunConfig, run: RunDir, hf_dir: Path) -> dict:
     with Client(cfg.data.wire) as dm:
         imported = dm.request(PoolImport(path=str((run.data / "demos").resolve())))
         stats = dm.request(StatsRequest())
-    assert isinstance(stats, DataStats)
+    if not isinstance(stats, DataStats) or not isinstance(imported, PoolImported):
+        raise RuntimeError(f"data manager answered {type(imported).__name__}/{type(stats).__name__}, "
+                           "expected PoolImported/DataStats")
     return {"demo_episodes": len(trajs), "demo_successes": sum(t.status == "success" for t in trajs),
             "demo_steps": sum(len(t.steps) for t in successes), "pool_imported": imported.imported,
             "pool_size": stats.pool, "demo_s": round(time.monotonic() - start, 2)}
