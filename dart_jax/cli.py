@@ -55,6 +55,12 @@ def cmd_data_manager(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from rollout_gpu import main
+    cfg, run = _role_setup(args, f"rollout-{_load_run_config(args).rollout.worker_id}")
+    return main.main(cfg, run)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import json
     from dart_jax.jobs import local, train
@@ -97,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ).set_defaults(fn=cmd_env_server)
     _with_config(sub.add_parser("data-manager", help="serve the trajectory store, scheduling and curated batches")
                  ).set_defaults(fn=cmd_data_manager)
+    _with_config(sub.add_parser("rollout", help="a rollout worker: vLLM engine, K episodes at once, weight sync")
+                 ).set_defaults(fn=cmd_rollout)
     _with_config(sub.add_parser("train", help="the trainer: SFT on trajectory files or RL on curated batches")
                  ).set_defaults(fn=cmd_train)
     _with_config(sub.add_parser("local", help="the local default job: every role on this machine")

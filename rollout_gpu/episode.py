@@ -26,7 +26,8 @@ class Sample:
     text: str
     token_ids: np.ndarray  # int32 [R]
     logprobs: np.ndarray  # float32 [R]: the sampler's log-probs of token_ids
-    policy_version: int
+    policy_version: int  # the version of the first token
+    straddles_update: bool = False  # a weight update landed between its tokens
 
 
 class Policy(Protocol):
@@ -47,9 +48,12 @@ def _image(png: bytes) -> Image.Image:
 
 async def run_episode(env: EnvSession, task: TaskSpec, policy: Policy, builder: PromptBuilder, *,
                       max_steps: int, worker_id: str = "", temperature: float = 1.0,
-                      source: str = "rollout") -> Trajectory:
-    """Play `task` on a leased env slot and return the finished trajectory."""
+                      source: str = "rollout", assignment_id: str = "", env_slot: str = "") -> Trajectory:
+    """Play `task` on a leased env slot and return the finished trajectory, with the
+    wall-clock span of every model call, env step, reset and evaluation."""
+    reset_start = time.time()
     reply = await env.reset(task)
+    reset_s = (reset_start, time.time())
     screenshots, images, responses, steps = [], [], [], []
     status = "env_error" if reply.status == "env_error" else None
     while status is None and reply.observation is not None:
@@ -59,25 +63,33 @@ async def run_episode(env: EnvSession, task: TaskSpec, policy: Policy, builder: 
         if reply.done or len(steps) == max_steps:
             break
         prompt = builder.build(obs.instruction, images, responses)
+        gen_start = time.time()
         sample = await policy.sample(prompt, obs, task)
+        env_start = time.time()
         reply = await env.step(sample.text)
-        steps.append(_step(prompt, sample, reply, first_image=len(images) - len(prompt.images)))
+        timing = ((gen_start, env_start), (env_start, time.time()))
+        steps.append(_step(prompt, sample, reply, len(images) - len(prompt.images), timing))
         responses.append(sample.text)
         if reply.status == "env_error":
             status = "env_error"
+    eval_start = time.time()
     result = await env.evaluate() if status is None else None
+    evaluate_s = (eval_start, time.time()) if result is not None else (0.0, 0.0)
     reward = result.reward if result is not None else 0.0
     if status is None:
         truncated = not reply.done and len(steps) == max_steps
         status = "truncated" if truncated and result.status != "success" else result.status
     return Trajectory(traj_id=uuid.uuid4().hex, task_id=task.task_id, steps=steps,
                       screenshots=screenshots, reward=reward, status=status, worker_id=worker_id,
-                      temperature=temperature, created_at=time.time(), source=source)
+                      temperature=temperature, created_at=time.time(), source=source,
+                      assignment_id=assignment_id, env_slot=env_slot, reset_s=reset_s,
+                      evaluate_s=evaluate_s)
 
 
-def _step(prompt: Prompt, sample: Sample, reply: EnvReply, first_image: int) -> Step:
+def _step(prompt: Prompt, sample: Sample, reply: EnvReply, first_image: int, timing) -> Step:
     return Step(prompt_ids=prompt.token_ids.astype(np.int32), response_ids=sample.token_ids.astype(np.int32),
                 logprobs=sample.logprobs.astype(np.float32),
                 image_refs=list(range(first_image, first_image + len(prompt.images))),
                 policy_version=sample.policy_version, response_text=sample.text,
-                action=reply.action, valid=reply.status != "invalid")
+                action=reply.action, valid=reply.status != "invalid",
+                straddles_update=sample.straddles_update, gen_s=timing[0], env_s=timing[1])

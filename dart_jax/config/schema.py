@@ -14,7 +14,9 @@ from dart_jax.data.config import DataManagerConfig
 from dart_jax.jobs.config import LocalJobConfig
 from dart_jax.jobs.train import TrainRunConfig
 from dart_jax.train.config import TrainerConfig
+from dart_jax.wire.weights import WeightSyncConfig
 from envs.config import EnvServerConfig
+from rollout_gpu.config import RolloutConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,4 +48,11 @@ class RunConfig:
     data: DataManagerConfig = DataManagerConfig()
     trainer: TrainerConfig = TrainerConfig()
     train: TrainRunConfig = TrainRunConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    weights: WeightSyncConfig = WeightSyncConfig()
     job: LocalJobConfig = LocalJobConfig()
+
+    def __post_init__(self) -> None:
+        if self.weights.dtype != self.rollout.engine.dtype:
+            raise ValueError(f"weights.dtype {self.weights.dtype} must be the rollout engine's dtype "
+                             f"{self.rollout.engine.dtype}: the engine loads what travels")

@@ -57,6 +57,7 @@ class CurationConfig:
     # in flight or waiting unused (back-pressure against stale data).
     max_pending_per_task: int = bounded(16, ge=1)
     assignment_timeout_s: float = bounded(900.0, gt=0)  # an in-flight rollout counts this long
+    worker_timeout_s: float = bounded(30.0, gt=0)  # a silent worker's assignments return after this
 
     def __post_init__(self) -> None:
         if self.min_rollouts > self.max_rollouts:

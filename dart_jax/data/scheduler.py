@@ -6,13 +6,19 @@ since it was last handed out, then by task-list order. Its rollout count comes f
 recent success rate and its step limit from its successes' lengths (`curation`). While
 every task already has `max_pending_per_task` pending, workers are told to wait, so
 rollouts never outrun the trainer by more than that.
+
+In flight means: handed out in an assignment whose trajectories have not all arrived.
+Assignments belong to one life (`session`) of a worker: they return to the pool when the
+worker shows up with a new session (it restarted), when it stays silent for
+`worker_timeout_s` (no request and no heartbeat), or after `assignment_timeout_s`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections import deque
+import uuid
 
 from dart_jax.data import curation
 from dart_jax.data.config import CurationConfig
@@ -20,30 +26,45 @@ from dart_jax.data.store import Store
 from dart_jax.wire.messages import NoTask, TaskAssignment, TaskSpec
 
 
+@dataclasses.dataclass
+class Assignment:
+    id: str
+    task_id: str
+    worker_id: str
+    session: str
+    remaining: int
+    expires: float
+
+
 class Scheduler:
     def __init__(self, store: Store, cfg: CurationConfig, clock=time.monotonic):
         self.store, self.cfg, self.clock = store, cfg, clock
         self.tasks: list[TaskSpec] = store.tasks("train")
-        self._inflight: dict[str, deque[list]] = {t.task_id: deque() for t in self.tasks}
+        self._assignments: dict[str, Assignment] = {}
+        self._sessions: dict[str, tuple[str, float]] = {}  # worker_id -> (session, last seen)
         self._last: dict[str, float] = {t.task_id: -1.0 for t in self.tasks}
         self._lock = threading.Lock()
 
-    def next(self, latest_version: int) -> TaskAssignment | NoTask:
+    def next(self, latest_version: int, worker_id: str = "", session: str = "") -> TaskAssignment | NoTask:
         if not self.tasks:
             return NoTask(reason="no training tasks in this run", retry_after_s=30.0)
         unused = self.store.unused_counts(latest_version - self.cfg.max_staleness)
         with self._lock:
             now = self.clock()
-            pending = {t.task_id: unused.get(t.task_id, 0) + self._live(t.task_id, now) for t in self.tasks}
+            self._seen(worker_id, session, now)
+            live = self._in_flight(now)
+            pending = {t.task_id: unused.get(t.task_id, 0) + live.get(t.task_id, 0) for t in self.tasks}
             order = {t.task_id: i for i, t in enumerate(self.tasks)}
             task = min(self.tasks, key=lambda t: (pending[t.task_id], self._last[t.task_id], order[t.task_id]))
             if pending[task.task_id] >= self.cfg.max_pending_per_task:
                 return NoTask(reason=f"every task has >= {self.cfg.max_pending_per_task} rollouts "
                                      "pending; waiting for the trainer", retry_after_s=1.0)
             n, steps = self.plan(task.task_id)
-            self._inflight[task.task_id].append([now + self.cfg.assignment_timeout_s, n])
+            assignment = Assignment(uuid.uuid4().hex, task.task_id, worker_id, session, n,
+                                    now + self.cfg.assignment_timeout_s)
+            self._assignments[assignment.id] = assignment
             self._last[task.task_id] = now
-        return TaskAssignment(task=task, num_rollouts=n, max_steps=steps)
+        return TaskAssignment(task=task, num_rollouts=n, max_steps=steps, assignment_id=assignment.id)
 
     def plan(self, task_id: str) -> tuple[int, int]:
         """(rollout count, step limit) for the task now."""
@@ -51,17 +72,43 @@ class Scheduler:
         lengths = self.store.success_lengths(task_id, self.cfg.length_window)
         return curation.rollout_count(s, self.cfg), curation.max_steps(lengths, self.cfg)
 
-    def on_ingested(self, task_id: str) -> None:
-        """One rollout of the task arrived: it is no longer in flight."""
+    def heartbeat(self, worker_id: str, session: str) -> bool:
+        """A worker is alive; True when this session holds assignments."""
         with self._lock:
-            live = self._inflight.get(task_id)
-            if live:
-                live[0][1] -= 1
-                if live[0][1] <= 0:
-                    live.popleft()
+            self._seen(worker_id, session, self.clock())
+            return any(a.session == session and a.worker_id == worker_id for a in self._assignments.values())
 
-    def _live(self, task_id: str, now: float) -> int:
-        live = self._inflight[task_id]
-        while live and live[0][0] < now:
-            live.popleft()  # expired: the worker died or dropped the assignment
-        return sum(n for _, n in live)
+    def on_ingested(self, task_id: str, assignment_id: str = "") -> None:
+        """One rollout arrived: one fewer in flight (of its assignment, else the task's oldest)."""
+        with self._lock:
+            a = self._assignments.get(assignment_id) or next(
+                (a for a in self._assignments.values() if a.task_id == task_id), None)
+            if a is not None and a.task_id == task_id:
+                a.remaining -= 1
+                if a.remaining <= 0:
+                    del self._assignments[a.id]
+
+    def in_flight(self) -> dict[str, int]:
+        """Rollouts in flight per task (for stats)."""
+        with self._lock:
+            return self._in_flight(self.clock())
+
+    def _seen(self, worker_id: str, session: str, now: float) -> None:
+        if not worker_id:
+            return
+        old = self._sessions.get(worker_id)
+        if old is not None and old[0] != session:  # the worker restarted: its old life's work is void
+            self._drop(lambda a: a.worker_id == worker_id and a.session == old[0])
+        self._sessions[worker_id] = (session, now)
+
+    def _in_flight(self, now: float) -> dict[str, int]:
+        silent = {w for w, (_, seen) in self._sessions.items() if now - seen > self.cfg.worker_timeout_s}
+        self._drop(lambda a: a.expires < now or a.worker_id in silent)
+        live: dict[str, int] = {}
+        for a in self._assignments.values():
+            live[a.task_id] = live.get(a.task_id, 0) + a.remaining
+        return live
+
+    def _drop(self, doomed) -> None:
+        for a in [a for a in self._assignments.values() if doomed(a)]:
+            del self._assignments[a.id]

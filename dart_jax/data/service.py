@@ -4,6 +4,7 @@
 
 Serves, on one ROUTER socket (`cfg.wire.endpoint`):
   TaskRequest -> TaskAssignment | NoTask        rollout workers: next task, rollouts, step limit
+  WorkerHeartbeat -> WorkerAck                  a worker's assignments stay out while it beats
   SubmitTrajectory -> TrajectoryAck             after commit; idempotent by traj_id
   BatchRequest -> CuratedBatch | NoBatch        the trainer: curated GRPO groups, replayable
   StatsRequest -> DataStats                     dashboards
@@ -28,7 +29,8 @@ from dart_jax.data.tasks import load_tasks
 from dart_jax.wire import Server
 from dart_jax.wire.messages import (BatchRequest, Error, ExportTrajectories, Exported, Message,
                                     PoolImport, PoolImported, StatsRequest, SubmitTrajectory,
-                                    TaskRequest, Trajectory, TrajectoryAck)
+                                    TaskRequest, Trajectory, TrajectoryAck, WorkerAck,
+                                    WorkerHeartbeat)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,10 @@ class DataManager:
                 return self.submit(msg.trajectory)
             if isinstance(msg, TaskRequest):
                 self._saw_version(msg.policy_version, "rollout")
-                return self.scheduler.next(self.latest_version)
+                return self.scheduler.next(self.latest_version, msg.worker_id, msg.session)
+            if isinstance(msg, WorkerHeartbeat):
+                self._saw_version(msg.policy_version, "rollout")
+                return WorkerAck(known=self.scheduler.heartbeat(msg.worker_id, msg.session))
             if isinstance(msg, BatchRequest):
                 self._saw_version(msg.trainer_version, "trainer")
                 return self.batches.handle(msg)
@@ -84,7 +89,7 @@ class DataManager:
         return TrajectoryAck(traj_id=traj.traj_id, duplicate=duplicate)
 
     def _committed(self, traj: Trajectory) -> None:
-        self.scheduler.on_ingested(traj.task_id)
+        self.scheduler.on_ingested(traj.task_id, traj.assignment_id)
         if traj.steps:
             self._saw_version(max(s.policy_version for s in traj.steps), None)
 

@@ -68,6 +68,11 @@ class Step(Msg):
     response_text: str
     action: str = ""  # canonical action text after parsing; "" when invalid
     valid: bool = True
+    # True when a weight update landed while this response was generated: its tokens came
+    # from two versions and its log-probs match neither policy, so it is never trained on.
+    straddles_update: bool = False
+    gen_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the model call
+    env_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the env step
 
 
 class Trajectory(Msg):
@@ -82,20 +87,42 @@ class Trajectory(Msg):
     temperature: float = 1.0
     created_at: float = 0.0
     source: Literal["rollout", "pool", "demo"] = "rollout"
+    assignment_id: str = ""  # the TaskAssignment this rollout fulfils ("" outside rollouts)
+    env_slot: str = ""  # "ENDPOINT#SLOT" of the env slot that played it
+    reset_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the env reset
+    evaluate_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the evaluator
+    # weight loads of its worker's engine during the episode: (version, paused, resumed)
+    weight_loads: list[tuple[int, float, float]] = []
 
 
 # ---- rollout worker <-> data manager --------------------------------------------------
 
 class TaskRequest(Msg):
+    """`session` names one life of the worker process: a new session of a worker id
+    returns every assignment of its earlier sessions to the pool at once."""
     worker_id: str
     policy_version: int
+    session: str = ""
 
 
 class TaskAssignment(Msg):
-    """Run `num_rollouts` episodes of `task`, each at most `max_steps` steps."""
+    """Run `num_rollouts` episodes of `task`, each at most `max_steps` steps; every
+    trajectory names `assignment_id`."""
     task: TaskSpec
     num_rollouts: int
     max_steps: int
+    assignment_id: str = ""
+
+
+class WorkerHeartbeat(Msg):
+    """A rollout worker is alive: its assignments stay out; silence returns them."""
+    worker_id: str
+    session: str
+    policy_version: int
+
+
+class WorkerAck(Msg):
+    known: bool  # False: the data manager holds no assignment of this session
 
 
 class NoTask(Msg):
@@ -192,6 +219,50 @@ class Exported(Msg):
     count: int
 
 # ---- end of data manager extras ----------------------------------------------------------
+
+
+# ---- trainer -> rollout workers: weights ------------------------------------------------
+# The trainer's publisher announces each version on a PUB socket (WeightAnnounce) and
+# serves its buckets on a ROUTER (WeightPull -> WeightBucket). A bucket is the raw bytes
+# of several Hugging Face-named, torch-layout tensors back to back; its manifest gives
+# each tensor's place, and a CRC-32 guards the whole bucket.
+
+class TensorInfo(Msg):
+    name: str  # Hugging Face name (model.layers.0.self_attn.q_proj.weight)
+    dtype: Literal["float32", "bfloat16", "float16"]
+    shape: list[int]
+    offset: int  # byte offset in the bucket
+    nbytes: int
+
+
+class WeightBucketInfo(Msg):
+    index: int
+    nbytes: int
+    crc32: int
+    tensors: list[TensorInfo]
+
+
+class WeightAnnounce(Msg):
+    """Version `version` of the policy can be pulled, bucket by bucket."""
+    version: int
+    buckets: list[WeightBucketInfo]
+    total_bytes: int
+    published_at: float
+
+
+class WeightLatest(Msg):
+    """Which version is newest (a worker that was down catches up): WeightAnnounce."""
+
+
+class WeightPull(Msg):
+    version: int
+    bucket: int
+
+
+class WeightBucket(Msg):
+    version: int
+    bucket: int
+    data: np.ndarray  # uint8 [nbytes]
 
 
 # ---- rollout worker <-> env server --------------------------------------------------------
@@ -314,7 +385,9 @@ class EnvStats(Msg):
 
 
 Message = Union[Error, Ping, Pong, TaskSpec, Step, Trajectory, TaskRequest, TaskAssignment,
-                NoTask, SubmitTrajectory, TrajectoryAck, BatchRequest, CuratedBatch, NoBatch,
+                WorkerHeartbeat, WorkerAck, TensorInfo, WeightBucketInfo, WeightAnnounce,
+                WeightLatest, WeightPull, WeightBucket, NoTask, SubmitTrajectory, TrajectoryAck,
+                BatchRequest, CuratedBatch, NoBatch,
                 TaskStats, StatsRequest, DataStats, PoolImport, PoolImported, ExportTrajectories,
                 Exported,
                 EnvAcquire, EnvLease, EnvHeartbeat, EnvHeartbeatAck, EnvReset, EnvStep, EnvReply,

@@ -68,3 +68,39 @@ def test_no_training_tasks(tmp_path):
     empty = Store(tmp_path / "s.sqlite", tmp_path / "b")
     assert isinstance(Scheduler(empty, CFG).next(0), NoTask)
     empty.close()
+
+
+def test_a_restarted_worker_returns_its_assignments_at_once(store):
+    sched = Scheduler(store, dataclasses.replace(CFG, max_pending_per_task=8), clock=Clock())
+    sched.tasks = sched.tasks[:1]
+    first = sched.next(0, "w0", "life-1")
+    assert first.num_rollouts == 8 and first.assignment_id
+    assert isinstance(sched.next(0, "w0", "life-1"), NoTask)  # 8 in flight
+    again = sched.next(0, "w0", "life-2")  # killed and restarted: a new session
+    assert isinstance(again, TaskAssignment) and again.assignment_id != first.assignment_id
+    assert sched.in_flight() == {"t0": 8}
+
+
+def test_heartbeats_keep_assignments_and_silence_returns_them(store):
+    clock = Clock()
+    sched = Scheduler(store, dataclasses.replace(CFG, max_pending_per_task=8, worker_timeout_s=5), clock)
+    sched.tasks = sched.tasks[:1]
+    sched.next(0, "w0", "s")
+    for _ in range(4):  # beats keep it alive well past the timeout
+        clock.t += 3
+        assert sched.heartbeat("w0", "s")
+    assert sched.in_flight() == {"t0": 8}
+    clock.t += 10  # silent
+    assert sched.in_flight() == {} and not sched.heartbeat("w0", "s")
+
+
+def test_arrivals_count_against_their_own_assignment(store):
+    sched = Scheduler(store, dataclasses.replace(CFG, max_pending_per_task=16), clock=Clock())
+    sched.tasks = sched.tasks[:1]
+    a, b = sched.next(0, "w0", "s"), sched.next(0, "w1", "s")
+    for _ in range(8):
+        sched.on_ingested("t0", b.assignment_id)
+    assert sched.in_flight() == {"t0": 8}
+    assert a.assignment_id != b.assignment_id
+    sched.heartbeat("w0", "s2")  # w0 restarts: a's 8 are void; b's were all delivered
+    assert sched.in_flight() == {}

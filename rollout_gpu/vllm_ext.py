@@ -1,0 +1,235 @@
+"""The vLLM worker extension that takes new weights in place (`worker_extension_cls`).
+
+The one file that reaches into vLLM's internals. Driven by `rollout_gpu.engine` through
+`collective_rpc`:
+
+    dart_begin_update(announce, serve, mode, notify)
+                                               start pulling a version on a background thread;
+                                               `notify` (a ZeroMQ endpoint) hears when it ends
+    dart_update_status()                       {"state": "idle|pulling|ready|failed", ...}
+    dart_commit_update()                       at a pause: make the pulled version live
+    dart_abort_update()                        drop a pulled or failed version
+
+The pull runs beside the engine, which keeps generating: every bucket is fetched over
+ZeroMQ from the trainer's publisher and its size and CRC-32 checked before a byte of it is
+read. Two ways to load, by `mode`:
+
+- `shadow` (the CPU default): the checked tensors go through vLLM's own loader
+  (`model.load_weights`, so vLLM fuses qkv / gate_up and slices for tensor parallelism)
+  into a structural clone of the model: fresh parameter storage per module, vLLM's
+  layerwise-reload machinery re-running each layer's kernel processing (on CPU the
+  oneDNN weight packing that makes a plain in-place copy impossible). At the commit
+  each live module takes its clone's tensors and kernel handles: a pause of
+  milliseconds, whatever the model size. Costs one extra copy of the weights.
+- `inplace` (the GPU default): the checked buckets are kept in host memory, and the
+  commit runs vLLM's `reload_weights` with them (its layerwise in-place reload), so the
+  pause is one load at device bandwidth and no second copy of the weights is held.
+
+Anything wrong (a corrupt or missing bucket, a publisher that stops answering) fails the
+pull; the live model is never touched before the commit, so the engine keeps serving its
+old version. Why not vLLM's pluggable weight-transfer engine (`update_weights`): it
+receives on the worker's main thread inside the RPC, so transfer and repacking would stall
+generation, and it loads tensors as they arrive, before the whole version is known good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import threading
+import time
+import warnings
+from types import MethodType
+from typing import Iterator
+
+import torch
+import zmq
+
+from dart_jax.config import from_dict
+from dart_jax.wire import Client, codec
+from dart_jax.wire.config import WireConfig
+from dart_jax.wire.messages import WeightAnnounce, WeightPull
+from dart_jax.wire.weights import check_announce, check_bucket
+
+log = logging.getLogger(__name__)
+_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pulled_tensors(ann: WeightAnnounce, client: Client, timeout_s: float) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) of every tensor of the version, bucket by bucket, each bucket
+    checked whole before its first tensor is yielded. The tensors view the received
+    frames (read-only): loaders copy from them."""
+    for info in ann.buckets:
+        data = check_bucket(info, client.request(WeightPull(version=ann.version, bucket=info.index), timeout_s),
+                            ann.version)
+        for t in info.tensors:
+            with warnings.catch_warnings():  # the frame is read-only; nothing writes to it
+                warnings.simplefilter("ignore", UserWarning)
+                flat = torch.frombuffer(data, dtype=_TORCH[t.dtype], count=t.nbytes // _TORCH[t.dtype].itemsize,
+                                        offset=t.offset) if t.nbytes else torch.empty(0, dtype=_TORCH[t.dtype])
+            yield t.name, flat.view(t.shape)
+
+
+# ---- shadow loading ------------------------------------------------------------------
+
+def _fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy in new storage, of the same class and attributes (weight loaders). Values are
+    copied too: a layer the checkpoint does not cover (constant buffers such as the vision
+    input normalization) keeps them through the reload."""
+    out = tensor.detach().clone()
+    out.__class__ = tensor.__class__
+    out.__dict__ = tensor.__dict__.copy()
+    return out
+
+
+def _own_meta(tensor: torch.Tensor, live: torch.nn.Module) -> torch.Tensor:
+    """A copy of one of vLLM's reload-metadata tensors (on the meta device) for a clone.
+    vLLM binds and wraps the weight loaders of these tensors in place, so a clone sharing
+    them would leave the live module's loaders pointing at the clone, and a clone copying
+    them as they are would send its weights to the live module's loader wrapper."""
+    from vllm.model_executor.model_loader.reload.layerwise import _get_original_loader
+    from vllm.model_executor.model_loader.reload.sanitize import layer_ref_sentinel
+
+    out = tensor.detach().clone()
+    out.__class__ = tensor.__class__
+    out.__dict__ = dict(tensor.__dict__)
+    if hasattr(tensor, "weight_loader"):  # a property of vLLM's parameter classes
+        out.weight_loader = _get_original_loader(tensor)
+    for key, value in out.__dict__.items():
+        if isinstance(value, MethodType) and value.__self__ is live:
+            out.__dict__[key] = value.__func__.__get__(layer_ref_sentinel)
+    return out
+
+
+def clone_modules(model: torch.nn.Module) -> dict[torch.nn.Module, torch.nn.Module]:
+    """live module -> clone: the same tree (shared submodules stay shared), the same
+    attributes, copies of every parameter and persistent buffer in new storage, and its own
+    copy of vLLM's reload metadata, so a layerwise reload of the clone never writes to
+    anything the live model uses."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO, get_layerwise_info
+    from vllm.model_executor.model_loader.reload.types import LayerReloadingInfo
+
+    pairs: dict[torch.nn.Module, torch.nn.Module] = {}
+
+    def clone(m: torch.nn.Module) -> torch.nn.Module:
+        if m in pairs:
+            return pairs[m]
+        c = pairs[m] = copy.copy(m)
+        c._parameters = {n: None if p is None else _fresh(p) for n, p in m._parameters.items()}
+        c._buffers = {n: b if b is None or n in m._non_persistent_buffers_set else _fresh(b)
+                      for n, b in m._buffers.items()}
+        c._non_persistent_buffers_set = set(m._non_persistent_buffers_set)
+        c._modules = {n: None if s is None else clone(s) for n, s in m._modules.items()}
+        live = get_layerwise_info(m)
+        params, buffers = live.restore_metadata
+        LAYERWISE_INFO[c] = LayerReloadingInfo(
+            restore_metadata=({n: _own_meta(t, m) for n, t in params.items()},
+                              {n: _own_meta(t, m) for n, t in buffers.items()}),
+            restore_device=live.restore_device)
+        return c
+
+    clone(model)
+    return pairs
+
+
+def load_shadow(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]], model_config) -> dict:
+    """The clones of `model`'s modules with `weights` loaded and processed."""
+    from vllm.model_executor.model_loader.reload.layerwise import (finalize_layerwise_reload,
+                                                                   initialize_layerwise_reload)
+    pairs = clone_modules(model)
+    root = pairs[model]
+    with torch.no_grad():
+        initialize_layerwise_reload(root)
+        root.load_weights(weights)
+        finalize_layerwise_reload(root, model_config)
+    return pairs
+
+
+def swap_in(pairs: dict[torch.nn.Module, torch.nn.Module]) -> None:
+    """Each live module takes its clone's attributes (tensors, kernel handles) but keeps
+    its own identity and children, so every reference the engine holds stays valid."""
+    for live, shadow in pairs.items():
+        children = live.__dict__["_modules"]
+        live.__dict__.clear()
+        live.__dict__.update(shadow.__dict__)
+        live.__dict__["_modules"] = children
+
+
+def _unpin_this_thread() -> None:
+    """Let the pull run on every core the engine process may use: vLLM's CPU backend pins
+    its worker (all its threads, by inheritance) to the cores of its OpenMP team, where the
+    pull would take turns with generation."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setaffinity(0, os.sched_getaffinity(os.getppid()))
+
+
+def _notify(endpoint: str, version: int) -> None:
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(endpoint)
+        sock.send(str(version).encode())
+        sock.close()
+    finally:
+        ctx.term()
+
+
+# ---- the extension -------------------------------------------------------------------
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class; `self` is the worker (model_runner, vllm_config)."""
+
+    def dart_begin_update(self, announce: bytes, serve: dict, mode: str, notify: str) -> None:
+        """Returns at once. Polling the status instead of waiting on `notify` would keep the
+        worker's main thread spinning on vLLM's message queue (it busy-loops for a second
+        after each message) and starve the pull of the interpreter lock."""
+        self.dart_abort_update()
+        ann = codec.from_bytes(announce, WeightAnnounce)
+        wire = from_dict(WireConfig, serve, "weight serve config")
+        self._dart = {"version": ann.version, "state": "pulling", "error": "", "mode": mode,
+                      "started": time.time(), "ready_at": 0.0, "result": None}
+        threading.Thread(target=self._dart_pull, args=(ann, wire, mode, self._dart, notify),
+                         name=f"dart-pull-v{ann.version}", daemon=True).start()
+
+    def _dart_pull(self, ann: WeightAnnounce, wire: WireConfig, mode: str, job: dict, notify: str) -> None:
+        _unpin_this_thread()
+        try:
+            check_announce(ann)
+            with Client(wire) as client:
+                tensors = pulled_tensors(ann, client, wire.timeout_s)
+                if mode == "shadow":
+                    result = load_shadow(self.model_runner.get_model(), tensors, self.vllm_config.model_config)
+                else:  # keep the checked bytes; the tensors view them
+                    result = [(name, t) for name, t in tensors]
+            job.update(result=result, state="ready", ready_at=time.time())
+        except Exception as e:  # contained: the live model is untouched; the engine serves on
+            log.warning("weight version %d not loaded: %s: %s", ann.version, type(e).__name__, e)
+            job.update(state="failed", error=f"{type(e).__name__}: {e}", result=None)
+        _notify(notify, job["version"])
+
+    def dart_update_status(self) -> dict:
+        job = getattr(self, "_dart", None)
+        if job is None:
+            return {"state": "idle", "version": -1, "error": ""}
+        return {k: job[k] for k in ("state", "version", "error", "mode", "started", "ready_at")}
+
+    def dart_commit_update(self) -> dict:
+        """Make the pulled version live (the engine is paused); returns the load time."""
+        job = getattr(self, "_dart", None)
+        if job is None or job["state"] != "ready":
+            raise RuntimeError(f"no pulled version to commit ({None if job is None else job['state']})")
+        start = time.perf_counter()
+        if job["mode"] == "shadow":
+            swap_in(job["result"])
+        else:
+            self.reload_weights(weights_iterator=iter(job["result"]))
+        self.model_runner.reset_encoder_cache()
+        self.model_runner.reset_mm_cache()
+        self._dart = None
+        return {"version": job["version"], "load_s": time.perf_counter() - start}
+
+    def dart_abort_update(self) -> None:
+        self._dart = None
