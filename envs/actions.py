@@ -10,7 +10,21 @@ The model sees the screenshot resized by Qwen2.5-VL's `smart_resize` (sides mult
 `render` writes an `Action` back as model text (oracle demonstrations), so the two maps
 are one pair of functions. Model text is scanned, never evaluated. Anything malformed
 raises `ActionParseError`; no other exception escapes `parse` for any input string.
-One action per step: UI-TARS's multi-action outputs are rejected as malformed.
+
+Where the action is: the action part starts at the first `Action:` label followed by a
+call `name(`; the text before it is the thought. From there the text is scanned as calls,
+quotes and backslash escapes understood, so nothing inside a quoted argument (`Action:`,
+parentheses, blank lines) decides where the action starts or how many calls there are. A
+quote of the opening kind that the model left unescaped ends the value only where the text
+goes on as `, name=`, or as the call's `)` followed by the end, a label or another call.
+
+Several actions in one response: refused. UI-TARS can write several calls in a response
+(separated by blank lines, or by new `Action:` labels); here one response is one action,
+as the prompt asks ("perform the next action", one `Action:` line). Every call is counted
+and the response raises `ActionParseError("N actions in one response (kinds); one action
+per step")`, so nothing runs: the env server answers `invalid` (penalised or ending the
+episode, by its config) with that reason and an empty canonical action, the trajectory's
+step is stored with `valid=False`, and the model's own text stays in its prompt history.
 """
 
 from __future__ import annotations
@@ -61,10 +75,17 @@ def to_model(point: Point, screen: tuple[int, int], space: ImageSpace = DEFAULT_
 
 # ---- parsing -----------------------------------------------------------------------------
 
-_CALL = re.compile(r"([A-Za-z_]\w*)\s*\((.*)\)", re.DOTALL)
-_SECOND_CALL = re.compile(r"\)[ \t]*\n[ \t]*\n\s*[A-Za-z_]\w*\s*\(")  # UI-TARS's action separator
-_ARG_NAME = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*")
-_NEXT_ARG = re.compile(r"\s*,\s*[A-Za-z_]\w*\s*=")
+_LABEL = "Action:"
+_IDENT = r"[A-Za-z_]\w*"
+_CALL_START = re.compile(rf"\s*({_IDENT})\s*\(")
+_CALL_END = re.compile(r"\s*\)")
+_ARG_SEP = re.compile(r"\s*,?")
+_SPACE = re.compile(r"\s*")
+_ARG_NAME = re.compile(rf"\s*({_IDENT})\s*=\s*")
+# An unescaped quote of the opening kind ends a value only where the text goes on as the
+# grammar does: the next argument, or the call's `)` followed by the end, a label or a call.
+_VALUE_END = re.compile(rf"\s*,\s*{_IDENT}\s*=|\s*\)\s*(?:\Z|{_LABEL}|{_IDENT}\s*\()")
+_STRING_STOPS = {q: re.compile(rf"[\\{q}]") for q in "'\""}
 _NUM = r"\s*(-?\d+(?:\.\d+)?)\s*"
 _POINT = re.compile(rf"\(?{_NUM}[, ]{_NUM}(?:[, ]{_NUM}[, ]{_NUM})?\)?")
 _BOX_TOKENS = re.compile(r"<\|box_start\|>|<\|box_end\|>|</?point>|</?bbox>")
@@ -88,6 +109,8 @@ _KEY_ALIASES = {"return": "enter", "escape": "esc", "control": "ctrl", "cmd": "m
                 "pgup": "pageup", "pgdn": "pagedown", "option": "alt"}
 _CHAR_KEYS = set("abcdefghijklmnopqrstuvwxyz0123456789-=[];',./\\`")
 
+Call = tuple[str, dict[str, str]]  # (kind, {argument: value}) as written, before any checks
+
 
 def parse(text: str, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE) -> Action:
     """The action in model `text` with points mapped to a `screen` (width, height)."""
@@ -95,15 +118,82 @@ def parse(text: str, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE)
         raise ActionParseError(f"expected text, got {type(text).__name__}")
     if len(text) > MAX_TEXT_CHARS:
         raise ActionParseError(f"text of {len(text)} chars (limit {MAX_TEXT_CHARS})")
-    head, sep, call = text.rpartition("Action:")
-    if not sep:
+    start = _action_start(text)
+    calls = _scan_calls(text, start + len(_LABEL))
+    if len(calls) > 1:
+        kinds = ", ".join([kind for kind, _ in calls[:4]] + ["..."] * (len(calls) > 4))
+        raise ActionParseError(f"{len(calls)} actions in one response ({kinds}); one action per step")
+    kind, args = calls[0]
+    _check_signature(kind, args)
+    return _build(kind, args, _thought(text[:start]), screen, space)
+
+
+def _action_start(text: str) -> int:
+    """The index of the first `Action:` followed by a call `name(` (one the thought's prose
+    mentions is not); nothing after it can move it, so arguments never decide it."""
+    first = at = text.find(_LABEL)
+    if at < 0:
         raise ActionParseError("no 'Action:' in the text")
-    if _SECOND_CALL.search(call):
-        raise ActionParseError("more than one action")
-    match = _CALL.fullmatch(call.strip())
-    if match is None:
-        raise ActionParseError(f"not a single call: {_clip(call)}")
-    kind, args = match.group(1), _parse_args(match.group(2))
+    while at >= 0:
+        if _CALL_START.match(text, at + len(_LABEL)):
+            return at
+        at = text.find(_LABEL, at + 1)
+    raise ActionParseError(f"no call after 'Action:': {_clip(text[first + len(_LABEL):])}")
+
+
+def _scan_calls(text: str, pos: int) -> list[Call]:
+    """Every call from `pos` to the end of `text`; calls are separated by white space and
+    an optional `Action:` label. Anything else after a call is an error."""
+    calls = []
+    while True:
+        call, pos = _scan_call(text, pos)
+        calls.append(call)
+        pos = _SPACE.match(text, pos).end()
+        if pos == len(text):
+            return calls
+        if text.startswith(_LABEL, pos):
+            pos += len(_LABEL)
+
+
+def _scan_call(text: str, pos: int) -> tuple[Call, int]:
+    """`name(arg='value', ...)` at `pos` -> ((name, {arg: value}), the index after its `)`)."""
+    start = _CALL_START.match(text, pos)
+    if start is None:
+        raise ActionParseError(f"expected an action call at {_clip(text[pos:])}")
+    kind, args, pos = start.group(1), {}, start.end()
+    while (close := _CALL_END.match(text, pos)) is None:
+        match = _ARG_NAME.match(text, pos)
+        if match is None or text[match.end():match.end() + 1] not in ("'", '"'):
+            raise ActionParseError(f"expected name='value' at {_clip(text[pos:])}")
+        name = _ALIASES.get(match.group(1), match.group(1))
+        if name in args:
+            raise ActionParseError(f"argument {name!r} given twice")
+        args[name], pos = _scan_string(text, match.end())
+        pos = _ARG_SEP.match(text, pos).end()  # a value ends only before `, name=` or `)`
+    return (kind, args), close.end()
+
+
+def _scan_string(text: str, start: int) -> tuple[str, int]:
+    """The quoted value opening at `start` -> (its text, the index after its closing quote).
+    Backslash escapes the next character; an unescaped opening-kind quote ends the value
+    only before `_VALUE_END`, else it is text (models often leave quotes unescaped)."""
+    quote, out, pos = text[start], [], start + 1
+    while (stop := _STRING_STOPS[quote].search(text, pos)) is not None:
+        at = stop.start()
+        out.append(text[pos:at])
+        if text[at] == "\\":
+            pair = text[at + 1:at + 2]
+            out.append(_ESCAPES.get(pair, "\\" + pair))
+            pos = at + 2
+        elif _VALUE_END.match(text, at + 1):
+            return "".join(out), at + 1
+        else:
+            out.append(quote)
+            pos = at + 1
+    raise ActionParseError(f"unterminated string at {_clip(text[start:])}")
+
+
+def _check_signature(kind: str, args: dict[str, str]) -> None:
     if kind not in _SIGNATURES:
         raise ActionParseError(f"unknown action {kind!r}")
     required, optional = _SIGNATURES[kind]
@@ -111,7 +201,6 @@ def parse(text: str, screen: tuple[int, int], space: ImageSpace = DEFAULT_SPACE)
         raise ActionParseError(f"{kind} needs {sorted(missing)}")
     if extra := args.keys() - required - optional:
         raise ActionParseError(f"{kind} takes no {sorted(extra)}")
-    return _build(kind, args, _thought(head), screen, space)
 
 
 def _build(kind: str, args: dict[str, str], thought: str, screen: tuple[int, int],
@@ -128,39 +217,6 @@ def _build(kind: str, args: dict[str, str], thought: str, screen: tuple[int, int
             raise ActionParseError(f"bad scroll direction {_clip(args['direction'])}")
         fields["direction"] = args["direction"].strip()
     return Action(**fields)
-
-
-def _parse_args(text: str) -> dict[str, str]:
-    """`name='value', ...` -> {name: value}; quotes inside a value need no escaping
-    when unambiguous (a quote ends the value only before `, name=` or the end)."""
-    args: dict[str, str] = {}
-    pos, end = 0, len(text.rstrip())
-    while pos < end:
-        match = _ARG_NAME.match(text, pos)
-        if match is None or match.end() >= end or text[match.end()] not in "'\"":
-            raise ActionParseError(f"expected name='value' at {_clip(text[pos:])}")
-        name = _ALIASES.get(match.group(1), match.group(1))
-        if name in args:
-            raise ActionParseError(f"argument {name!r} given twice")
-        args[name], pos = _scan_string(text, match.end(), end)
-        if pos < end:
-            pos = text.index(",", pos) + 1
-    return args
-
-
-def _scan_string(text: str, start: int, end: int) -> tuple[str, int]:
-    quote, out, i = text[start], [], start + 1
-    while i < end:
-        c = text[i]
-        if c == "\\" and i + 1 < end:
-            out.append(_ESCAPES.get(text[i + 1], c + text[i + 1]))
-            i += 2
-            continue
-        if c == quote and (i + 1 == end or _NEXT_ARG.match(text, i + 1)):
-            return "".join(out), i + 1
-        out.append(c)
-        i += 1
-    raise ActionParseError(f"unterminated string at {_clip(text[start:])}")
 
 
 def _point(value: str, screen: tuple[int, int], space: ImageSpace) -> Point:

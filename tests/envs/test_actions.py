@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from envs.actions import (DEFAULT_SPACE, ActionParseError, ImageSpace, parse, render, smart_resize,
-                          to_model, to_screen)
+from envs.actions import (DEFAULT_SPACE, ActionParseError, ImageSpace, parse, render, render_call,
+                          smart_resize, to_model, to_screen)
 from envs.types import ACTION_KINDS, Action
 
 SCREEN = (160, 210)  # MiniWoB++
@@ -93,7 +93,7 @@ def test_parse_formats(text, expected):
     "Action: click(start_box='(300,2)')", "Action: click(start_box='(-1,2)')", "Action: click(start_box='(a,b)')",
     "Action: clack(start_box='(1,2)')", "Action: click(start_box='(1,2)', extra='x')",
     "Action: click(start_box=(1,2))", "Action: scroll(direction='sideways')", "Action: hotkey(key='ctrl hyper')",
-    "Action: hotkey(key='a b c d e')", "Action: type(content='x')\n\nclick(start_box='(1,2)')",
+    "Action: hotkey(key='a b c d e')", "Action: wait()\nAction:", "Action: wait() now",
     "Action: type(content='x', content='y')", "Action: __import__('os').system('true')",
     "Action: click(start_box='(1,2)') + 1", "Action: type(content='" + "x" * 40_000 + "')",
 ])
@@ -143,6 +143,86 @@ def test_agrees_with_ui_tars_parser():
         ours = parse(text, DESKTOP)
         assert math.isclose(ours.point[0], min(rel[0] * 1920, 1919), abs_tol=1e-6)
         assert math.isclose(ours.point[1], min(rel[1] * 1080, 1079), abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Action: type(content='Action: hi')", Action(kind="type", content="Action: hi")),
+    ("Thought: x\nAction: finished(content='The answer. Action: none')",
+     Action(kind="finished", content="The answer. Action: none", thought="x")),
+    ("Action: type(content='a)\n\nb(')", Action(kind="type", content="a)\n\nb(")),
+    ("Action: type(content='a\\')\n\nwait()\nAction: wait(')",
+     Action(kind="type", content="a')\n\nwait()\nAction: wait(")),
+    ('Action: finished(content="said \\"Action: click(start_box=\'(1,2)\')\\"")',
+     Action(kind="finished", content="said \"Action: click(start_box='(1,2)')\"")),
+    ("Action: finished(content='f(x') then g(y)')", Action(kind="finished", content="f(x') then g(y)")),
+    ("Thought: open the Action: menu\nAction: wait()", Action(kind="wait", thought="open the Action: menu")),
+])
+def test_text_inside_arguments_never_splits_the_action(text, expected):
+    assert parse(text, SCREEN) == expected
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("Action: type(content='hi')Action: click(start_box='(1,1)')", "2 actions in one response (type, click)"),
+    ("Action: hotkey(key='ctrl a')\nAction: type(content='zz')", "2 actions in one response (hotkey, type)"),
+    ("Thought: t\nAction: type(content='x')\n\nclick(start_box='(1,2)')",
+     "2 actions in one response (type, click)"),
+    ("Action: click(start_box='(1,2)')\nhotkey(key='enter')", "2 actions in one response (click, hotkey)"),
+    ("Action: wait()\n\nAction: finished(content='a)\n\nb(')\n\n call_user()",
+     "3 actions in one response (wait, finished, call_user)"),
+    ("Action: type(content='it's')\n\n" + "wait()\n\n" * 6 + "wait()",
+     "8 actions in one response (type, wait, wait, wait, ...)"),
+])
+def test_several_actions_are_refused(text, reason):
+    with pytest.raises(ActionParseError) as refusal:
+        parse(text, SCREEN)
+    assert str(refusal.value) == reason + "; one action per step"
+
+
+def _from_ui_tars(their: dict, screen) -> Action:
+    """ui-tars' reading as an Action (its boxes are [x, y, x, y] relative to the screen)."""
+    inputs = their["action_inputs"]
+
+    def point(name):
+        if name not in inputs:
+            return None
+        x, y = ast.literal_eval(inputs[name])[:2]
+        return min(x * screen[0], screen[0] - 1), min(y * screen[1], screen[1] - 1)
+
+    return Action(kind=their["action_type"], point=point("start_box"), end_point=point("end_box"),
+                  keys=tuple(inputs.get("key", "").split()), content=inputs.get("content", ""),
+                  direction=inputs.get("direction", ""), thought=their["thought"])
+
+
+def _ui_tars_reads(action: Action) -> bool:
+    """ui-tars misreads a backslash (its quote escaping doubles escaped ones) and `')` (its
+    type-content pattern stops there, escaped or not): it has no opinion on those."""
+    return "\\" not in action.content and "')" not in action.content
+
+
+def test_several_actions_are_the_calls_ui_tars_splits():
+    """UI-TARS separates several actions by blank lines: ui-tars' parser finds as many calls
+    as we count, and reads each one alone as we do (it left-strips values)."""
+    parser = pytest.importorskip("ui_tars.action_parser")
+    rng = random.Random(3)
+    checked = 0
+    while checked < 300:
+        actions = [_random_action(rng, DESKTOP) for _ in range(rng.randint(1, 3))]
+        if not all(map(_ui_tars_reads, actions)):
+            continue
+        calls = [render_call(a, DESKTOP, box_tokens=False) for a in actions]
+        text = "Thought: t\nAction: " + "\n\n".join(calls)
+        theirs = parser.parse_action_to_structure_output(text, 28, 1080, 1920)
+        assert len(theirs) == len(calls)
+        if len(calls) > 1:
+            with pytest.raises(ActionParseError, match=f"^{len(calls)} actions in one response"):
+                parse(text, DESKTOP)
+        for call, their in zip(calls, theirs):
+            ours, expected = parse(f"Thought: t\nAction: {call}", DESKTOP), _from_ui_tars(their, DESKTOP)
+            assert (ours.kind, ours.keys, ours.content.lstrip(), ours.direction, ours.thought) == \
+                (expected.kind, expected.keys, expected.content, expected.direction, expected.thought)
+            for a, b in ((ours.point, expected.point), (ours.end_point, expected.end_point)):
+                assert (a is None) == (b is None) and (a is None or a == pytest.approx(b, abs=1e-6))
+        checked += 1
 
 
 def test_custom_image_space():

@@ -1,9 +1,12 @@
-"""10,000 random and mutated action strings: `parse` raises nothing but ActionParseError."""
+"""10,000 random and mutated action strings: `parse` raises nothing but ActionParseError,
+and a response it reads as one action is refused once a second action follows it."""
 
 import random
 import time
 
-from envs.actions import ActionParseError, parse
+import pytest
+
+from envs.actions import MAX_TEXT_CHARS, ActionParseError, parse
 
 SEEDS = [
     "Thought: click it\nAction: click(start_box='(126,168)')",
@@ -14,10 +17,14 @@ SEEDS = [
     "Action: type(content='hello \\'world\\'\\n')",
     "Action: scroll(start_box='(5,6)', direction='down')",
     "Action: wait()", "Action: finished(content='x')", "Action: call_user()",
+    "Thought: x\nAction: finished(content='The answer. Action: none')",
+    "Action: type(content='a)\n\nb(')", "Action: hotkey(key='ctrl a')\n\ntype(content='zz')",
 ]
 ALPHABET = "()[]{}<>|'\"\\,=:._- \n\t0123456789abcxyzActionThought" + "é✓\x00\u202e"
 TOKENS = ["Action:", "Thought:", "start_box=", "end_box=", "content=", "'", '"', "(", ")", ",",
-          "<|box_start|>", "<|box_end|>", "<point>", "</point>", "\n\n", "1e309", "-0", "nan", "9" * 400]
+          "<|box_start|>", "<|box_end|>", "<point>", "</point>", "\n\n", "1e309", "-0", "nan", "9" * 400,
+          ")\n\n", "')", "\\'", "wait()", "type("]
+SECOND_ACTIONS = ["\n\nwait()", "Action: wait()", "\nAction: type(content='x')"]
 
 
 def _mutate(rng: random.Random, text: str) -> str:
@@ -52,10 +59,31 @@ def test_fuzz_parser_only_raises_action_parse_error():
         text = _mutate(rng, rng.choice(SEEDS)) if i % 2 else _random(rng)
         if i % 500 == 0:
             text = text * 400  # long inputs stay fast
+        screen = rng.choice(screens)
         try:
-            parse(text, rng.choice(screens))
-            valid += 1
+            parse(text, screen)
         except ActionParseError:
             invalid += 1
+            continue
+        valid += 1
+        second = rng.choice(SECOND_ACTIONS)
+        if len(text + second) <= MAX_TEXT_CHARS:
+            with pytest.raises(ActionParseError, match="^2 actions in one response"):
+                parse(text + second, screen)
     assert valid > 100 and invalid > 5000  # the mutations exercise both outcomes
     assert time.monotonic() - start < 30
+
+
+ADVERSARIAL = [  # each forces a naive scanner to rescan the rest of the text many times
+    "Action: type(content='" * 2000, "Action: type(content='hi')" + "Action: " * 4000,
+    "Action: finished(content='" + "')x" * 10_000, "Action: type(content='" + "', a" * 8000,
+    "Action: wait()\n\n" * 2000, "Action: " + "\\" * 30_000,
+]
+
+
+def test_adversarial_inputs_scan_in_linear_time():
+    start = time.monotonic()
+    for text in ADVERSARIAL:
+        with pytest.raises(ActionParseError):
+            parse(text[:MAX_TEXT_CHARS], (160, 210))
+    assert time.monotonic() - start < 1.0

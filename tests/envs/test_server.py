@@ -114,6 +114,25 @@ def test_invalid_actions(env_server, policy):
     run(main())
 
 
+def test_several_actions_never_reach_the_backend(env_server):
+    envs, endpoint = env_server(SyntheticSlots(count=1))
+
+    async def main():
+        c = client(endpoint)
+        env = await c.acquire()
+        first = await env.reset(spec("synthetic", "enter-text", 3))
+        several = await env.step("Thought: t\nAction: type(content='hi')\n\nhotkey(key='enter')")
+        quoted = await env.step("Thought: t\nAction: type(content='Action: hi\\n\\nwait()')")
+        await c.aclose()
+        return first, several, quoted
+
+    first, several, quoted = run(main())
+    assert (several.status, several.action, several.observation) == ("invalid", "", first.observation)
+    assert several.message == "2 actions in one response (type, hotkey); one action per step"
+    assert (quoted.status, quoted.action) == ("ok", "type(content='Action: hi\\n\\nwait()')")
+    assert envs.slots[0].steps == 1  # only the one-action response ran
+
+
 async def oracle_episode_from(env, task, reply):
     from envs import oracle
     from tests.envs.conftest import observation
