@@ -96,6 +96,11 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (batch_id, pos)
     ) WITHOUT ROWID;
     """,
+    # 2: the whole trajectory record without steps and screenshots (msgpack of the wire
+    # Trajectory), so fields added to the wire struct are stored without a migration each.
+    """
+    ALTER TABLE trajectories ADD COLUMN head BLOB;
+    """,
 )
 
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import msgspec
+
 from dart_jax.data import schema
 from dart_jax.data.blobs import BlobPacks, BlobRef, address
 from dart_jax.data.config import StoreConfig
@@ -127,10 +129,11 @@ class Store:
         cur = w.execute(
             "INSERT OR IGNORE INTO trajectories (traj_id, task_id, reward, status, success, source,"
             " worker_id, temperature, created_at, ingested_at, num_steps, num_screenshots,"
-            " min_version, max_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " min_version, max_version, head) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (traj.traj_id, traj.task_id, traj.reward, traj.status, success, traj.source,
              traj.worker_id, traj.temperature, traj.created_at, time.time(), len(traj.steps),
-             len(refs), min(versions), max(versions)))
+             len(refs), min(versions), max(versions),
+             to_bytes(msgspec.structs.replace(traj, steps=[], screenshots=[]))))
         if cur.rowcount == 0:
             return False
         w.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
@@ -167,15 +170,12 @@ class Store:
                 f" WHERE s.traj_id IN ({marks}) ORDER BY s.traj_id, s.idx", traj_ids):
             shots[tid].append(self.blobs.read(pack, offset, size))
         rows = {row[0]: row for row in r.execute(
-            "SELECT traj_id, task_id, reward, status, worker_id, temperature, created_at, source "
+            "SELECT traj_id, task_id, reward, status, worker_id, temperature, created_at, source, head "
             f"FROM trajectories WHERE traj_id IN ({marks})", traj_ids)}
         missing = [t for t in traj_ids if t not in rows]
         if missing:
             raise KeyError(f"trajectories not in the store: {missing[:5]}")
-        return [Trajectory(traj_id=t, task_id=rows[t][1], steps=steps[t], screenshots=shots[t],
-                           reward=rows[t][2], status=rows[t][3], worker_id=rows[t][4],
-                           temperature=rows[t][5], created_at=rows[t][6], source=rows[t][7])
-                for t in traj_ids]
+        return [msgspec.structs.replace(_head(rows[t]), steps=steps[t], screenshots=shots[t]) for t in traj_ids]
 
     def trajectory_ids(self, success_only: bool = False, split: str | None = None,
                             task_ids: Sequence[str] = ()) -> list[str]:
@@ -272,6 +272,14 @@ class Store:
     def query(self, sql: str, args: Sequence = ()) -> list[tuple]:
         """A read-only query on this thread's connection (stats, tests, tools)."""
         return self._r.execute(sql, args).fetchall()
+
+
+def _head(row: tuple) -> Trajectory:
+    """The trajectory record of a row: its stored head, or (rows of schema 1) its columns."""
+    if row[8] is not None:
+        return from_bytes(row[8], Trajectory)
+    return Trajectory(traj_id=row[0], task_id=row[1], steps=[], screenshots=[], reward=row[2], status=row[3],
+                      worker_id=row[4], temperature=row[5], created_at=row[6], source=row[7])
 
 
 def _record(row: tuple) -> TrajRecord:

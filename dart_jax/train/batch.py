@@ -192,6 +192,16 @@ class Collator:
                     for r in step.image_refs)
         return StepShape(len(step.prompt_ids) + len(step.response_ids), slots)
 
+    def trainable(self, traj: Trajectory, i: int) -> bool:
+        """Whether step i can be scored exactly: all of its response from one policy version
+        (no weight update landed inside it) and no vision-layout token in the response (a
+        sampled <|image_pad|> or <|video_pad|>, which only an untrained policy emits, would
+        shift where the screenshots go)."""
+        step = traj.steps[i]
+        c = self.config
+        vision = (c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id)
+        return not step.straddles_update and not np.isin(step.response_ids, vision).any()
+
     def fit(self, items: Sequence) -> list:
         """The items some bucket holds; the rest are counted in `dropped`."""
         kept = [x for x in items if self.buckets.fits(x)]

@@ -102,7 +102,8 @@ class TrajectoryFileSource:
         self.trajectories = list(read_trajectories(Path(path)))
         self.shard = shard or host_shard()
         refs = [StepRef(ti, si, *dataclasses.astuple(collator.shape(t, si)))
-                for ti, t in enumerate(self.trajectories) for si, s in enumerate(t.steps) if keep(t, s)]
+                for ti, t in enumerate(self.trajectories) for si, s in enumerate(t.steps)
+                if keep(t, s) and collator.trainable(t, si)]
         before = collator.dropped
         self.refs = collator.fit(refs)
         self.dropped = collator.dropped - before
@@ -165,7 +166,8 @@ def plan_batch(batch: CuratedBatch, collator: Collator, *, keep: StepFilter = ev
     shard = shard or host_shard()
     trajs = tuple(batch.trajectories)
     refs = [StepRef(ti, si, *dataclasses.astuple(collator.shape(t, si)))
-            for ti, t in enumerate(trajs) for si, s in enumerate(t.steps) if keep(t, s)]
+            for ti, t in enumerate(trajs) for si, s in enumerate(t.steps)
+            if keep(t, s) and collator.trainable(t, si)]
     before = collator.dropped
     refs = sorted(collator.fit(refs), key=lambda r: (r.seq_len, r.num_slots, r.traj, r.step))
     dropped = collator.dropped - before

@@ -2,6 +2,7 @@
 
 import sqlite3
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -120,3 +121,27 @@ def test_power_durability_syncs_packs_before_commit(tmp_path):
     writer.close()
     assert s.load_trajectories(["a"])[0].screenshots == traj.screenshots
     s.close()
+
+
+def test_every_trajectory_field_round_trips(store):
+    traj = msgspec.structs.replace(make_trajectory("x", "t0"), assignment_id="a1", env_slot="tcp://h:1#3",
+                                   reset_s=(1.0, 2.0), evaluate_s=(3.0, 4.5), weight_loads=[(2, 5.0, 5.1)])
+    put(store, traj)
+    back = store.load_trajectories(["x"])[0]
+    assert (back.assignment_id, back.env_slot, back.reset_s, back.evaluate_s, back.weight_loads) == \
+        ("a1", "tcp://h:1#3", (1.0, 2.0), (3.0, 4.5), [(2, 5.0, 5.1)])
+
+
+def test_a_schema_1_store_migrates_and_keeps_its_trajectories(tmp_path):
+    conn = sqlite3.connect(tmp_path / "s.sqlite")
+    conn.executescript(schema.MIGRATIONS[0] + "PRAGMA user_version = 1;")
+    conn.execute("INSERT INTO tasks VALUES ('t0', 'synthetic', 'click-button', 0, 'train', '', 0)")
+    conn.execute("INSERT INTO trajectories (traj_id, task_id, reward, status, success, source, worker_id,"
+                 " temperature, created_at, ingested_at, num_steps, num_screenshots, min_version, max_version)"
+                 " VALUES ('old', 't0', 1.0, 'success', 1, 'rollout', 'w9', 0.7, 5.0, 6.0, 0, 0, 0, 0)")
+    conn.commit()
+    conn.close()
+    store = Store(tmp_path / "s.sqlite", tmp_path / "b")
+    old = store.load_trajectories(["old"])[0]
+    assert (old.worker_id, old.temperature, old.reward, old.steps) == ("w9", 0.7, 1.0, [])
+    store.close()
