@@ -11,7 +11,10 @@
 All sessions share one DEALER socket; a background task renews every held lease, so a
 slot is kept while the policy thinks and reclaimed by the server if this process dies.
 A step that times out is retried once with the same step index (the server answers a
-retry from its cache, so an action is never applied twice).
+retry from its cache, or waits for the first call when it still runs, so an action is never
+applied twice). Each client timeout must exceed the server's deadline for that call, so
+that the server, which restarts a stuck backend, gives up first: the first acquire checks
+this against the server's Pong and raises ValueError when it does not hold.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import uuid
 
 from dart_jax.wire import AsyncClient, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.messages import (EnvAcquire, EnvEvaluate, EnvHeartbeat, EnvLease, EnvListTasks, EnvRelease,
-                                    EnvReply, EnvReset, EnvReward, EnvStats, EnvStatsRequest, EnvStep, TaskSpec)
+                                    EnvReply, EnvReset, EnvReward, EnvStats, EnvStatsRequest, EnvStep, Ping,
+                                    TaskSpec)
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +37,18 @@ log = logging.getLogger(__name__)
 class EnvClient:
     def __init__(self, cfg: WireConfig, client_id: str = "", *, reset_timeout_s: float = 150.0,
                  step_timeout_s: float = 90.0, evaluate_timeout_s: float = 330.0):
-        """Timeouts should exceed the server's own (EnvServerConfig) so that the server,
-        which restarts the backend, is the one that gives up first."""
+        """Timeouts must exceed the server's own (EnvServerConfig); checked on the first acquire."""
         self.wire = AsyncClient(cfg)
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.timeouts = {"reset": reset_timeout_s, "step": step_timeout_s, "evaluate": evaluate_timeout_s}
         self.sessions: dict[str, EnvSession] = {}
         self._heartbeat: asyncio.Task | None = None
+        self._checked = False
 
     async def acquire(self, backend: str = "", wait_s: float = 60.0) -> "EnvSession":
         """Lease a slot of `backend` ("" = any), waiting up to `wait_s` for one to free up."""
+        if not self._checked:
+            await self.check_timeouts()
         deadline, delay = time.monotonic() + wait_s, 0.05
         while True:
             try:
@@ -57,6 +63,17 @@ class EnvClient:
         if self._heartbeat is None:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat(lease.lease_s / 3))
         return session
+
+    async def check_timeouts(self) -> None:
+        """Raise ValueError unless each timeout here exceeds the server's deadline for that
+        call: else this side would retry while the server still works on the first try."""
+        info = (await self.wire.request(Ping())).info
+        for call, mine in self.timeouts.items():
+            theirs = info.get(f"{call}_timeout_s")
+            if not isinstance(theirs, (int, float)) or mine <= theirs:
+                raise ValueError(f"env client {call} timeout {mine:g} s must exceed the env server's "
+                                 f"{call}_timeout_s ({theirs} at {self.wire.cfg.endpoint})")
+        self._checked = True
 
     async def stats(self, reset: bool = False) -> EnvStats:
         return await self.wire.request(EnvStatsRequest(reset=reset))

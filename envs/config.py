@@ -51,7 +51,9 @@ class MiniWoBSlots:
 class OSWorldSlots:
     """OSWorld desktops. `provider: remote` talks to an in-VM server at `remote_url`
     (host:5000) without desktop-env; other providers start VMs through desktop-env's
-    providers (a separate environment on OSWorld hosts, see envs/osworld.py)."""
+    providers (a separate environment on OSWorld hosts, see envs/osworld.py). A task
+    carries its example inline, or names a file by `path` relative to `task_dir` (resolved
+    inside it; empty: no task may name a file on this host)."""
     type: Literal["osworld"] = "osworld"
     count: int = bounded(1, ge=1)
     provider: Literal["remote", "docker", "vmware", "virtualbox", "aws", "azure", "gcp"] = "docker"
@@ -64,6 +66,7 @@ class OSWorldSlots:
     screen_height: int = bounded(1080, ge=100)
     accessibility_tree: bool = False
     cache_dir: str = "cache"
+    task_dir: str = ""
     settle_s: float = bounded(1.0, ge=0)  # pause after each action before the screenshot
     http_timeout_s: float = bounded(60.0, gt=0)
 

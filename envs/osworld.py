@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from PIL import Image
 
+from dart_jax.wire import paths
 from envs.config import OSWorldSlots
 from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
 
@@ -95,12 +96,28 @@ def task_spec(example: dict, split: str = "train") -> Any:
                     split=split, config=json.dumps({"example": example}))
 
 
-def _example(task: Task) -> dict:
+def _example(task: Task, task_dir: str) -> dict:
+    """The task's example: inline (`example`, a JSON object: a string would be read as a
+    file name) or the file `path` names, confined to `task_dir` (tasks come off the wire)."""
     if "example" in task.config:
+        if not isinstance(task.config["example"], dict):
+            raise TaskError(f"task {task.id}: config 'example' must be a JSON object")
         return load_task(task.config["example"])
     if "path" in task.config:
-        return load_task(Path(task.config["path"]))
+        return load_task(_task_file(task, task_dir))
     raise TaskError(f"task {task.id}: config needs 'example' (an OSWorld task JSON) or 'path'")
+
+
+def _task_file(task: Task, task_dir: str) -> Path:
+    name = task.config["path"]
+    if not task_dir:
+        raise TaskError(f"task {task.id}: config 'path' needs the slots' task_dir set on this env host")
+    if not isinstance(name, str):
+        raise TaskError(f"task {task.id}: config 'path' must be a string")
+    try:
+        return paths.confine(name, Path(task_dir), paths.roots(Path(task_dir)), field="config.path")
+    except paths.PathRefused as e:
+        raise TaskError(f"task {task.id}: {e}") from None
 
 
 # ---- actions -------------------------------------------------------------------------------
@@ -210,7 +227,7 @@ class OSWorldEnv:
         self.history: list[str] = []
 
     def reset(self, task: Task) -> Observation:
-        example = _example(task)
+        example = _example(task, self.spec.task_dir)
         self.history = []
         if self.desktop is not None:
             if self.spec.provider == "remote":

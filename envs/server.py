@@ -79,6 +79,7 @@ class Slot:
         self.lease: Lease | None = None
         self.episode: Episode | None = None
         self.call_lock = threading.Lock()
+        self.waiter = threading.Lock()  # held by the one request waiting for call_lock
         self.restarting = False
         self.episodes = self.steps = self.env_errors = self.restarts = 0
         self.window_start, self.busy_s = time.monotonic(), 0.0
@@ -143,6 +144,19 @@ class Slot:
         self.env = None
 
 
+def _acquire(slot: Slot, wait_s: float) -> bool:
+    """Take the slot's call lock, waiting up to `wait_s` if no other request already waits:
+    waiters hold wire threads, so they are bounded by the number of slots."""
+    if slot.call_lock.acquire(blocking=False):
+        return True
+    if wait_s <= 0 or not slot.waiter.acquire(blocking=False):
+        return False
+    try:
+        return slot.call_lock.acquire(timeout=wait_s)
+    finally:
+        slot.waiter.release()
+
+
 def _kill(env: Env | None, close: bool = False) -> None:
     """Stop a backend that may be wedged: `kill()` when it has one (processes), else close."""
     if env is None:
@@ -197,8 +211,10 @@ class EnvServer:
             return refusal.error
 
     def info(self) -> dict:
+        """Pong's info: clients check their timeouts against this server's deadlines."""
         free = sum(slot.lease is None for slot in self.slots)
-        return {"slots": len(self.slots), "free": free}
+        return {"slots": len(self.slots), "free": free, "reset_timeout_s": self.cfg.reset_timeout_s,
+                "step_timeout_s": self.cfg.step_timeout_s, "evaluate_timeout_s": self.cfg.evaluate_timeout_s}
 
     # ---- leases ------------------------------------------------------------------------
 
@@ -263,10 +279,11 @@ class EnvServer:
                     slot.call_lock.release()
 
     @contextlib.contextmanager
-    def _calling(self, lease_id: str) -> Iterator[Slot]:
-        """The leased slot, held for one call (concurrent calls on one lease are refused)."""
+    def _calling(self, lease_id: str, wait_s: float = 0.0) -> Iterator[Slot]:
+        """The leased slot, held for one call. A concurrent call on the lease waits up to
+        `wait_s` for the running one (one waiter per slot), else is refused."""
         slot = self._leased(lease_id)
-        if not slot.call_lock.acquire(blocking=False):
+        if not _acquire(slot, wait_s):
             raise _Refuse("conflict", "another call on this lease is still running")
         try:
             if slot.lease is None or slot.lease.id != lease_id:
@@ -306,7 +323,9 @@ class EnvServer:
             return self._reply(slot, "ok", obs)
 
     def step(self, msg: EnvStep) -> EnvReply:
-        with self._calling(msg.lease_id) as slot:
+        # A client whose step timed out on the way retries the same step, maybe while the
+        # first call still runs: it waits (at most one step deadline) and gets the cached reply.
+        with self._calling(msg.lease_id, wait_s=self.cfg.step_timeout_s) as slot:
             episode = slot.episode
             if episode is None:
                 raise _Refuse("conflict", "no episode: send EnvReset first")
@@ -403,7 +422,8 @@ class EnvServer:
 def serving(cfg: EnvServerConfig) -> Iterator[tuple[EnvServer, Server]]:
     """An env server on background threads (tests, benchmarks, the local stack)."""
     envs = EnvServer(cfg).start()
-    wire = Server(cfg.wire, envs.handle, role="env-server", workers=len(envs.slots) + 4,
+    # per slot: one running call and one retry waiting for it; a few more for everything else
+    wire = Server(cfg.wire, envs.handle, role="env-server", workers=2 * len(envs.slots) + 4,
                   info=envs.info).start()
     try:
         yield envs, wire

@@ -17,8 +17,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import msgspec
+
 from dart_jax.config import bounded
 from dart_jax.wire.config import WireConfig
+from dart_jax.wire.messages import Id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +80,9 @@ class RolloutConfig:
     submit_retry_s: float = bounded(1.0, gt=0)  # first wait before resubmitting (doubles, <= 30 s)
     acquire_wait_s: float = bounded(600.0, gt=0)  # an env slot of the task's backend
     max_steps_cap: int = bounded(100, ge=1)  # never trust an assignment beyond this
+
+    def __post_init__(self) -> None:
+        try:  # the data manager refuses any other worker id at its boundary
+            msgspec.convert(self.worker_id, Id)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"worker_id {self.worker_id!r}: {e}") from None

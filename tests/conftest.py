@@ -1,12 +1,18 @@
-"""Test-wide setup: 8 CPU devices for sharding tests, and skips for missing hardware.
+"""Test-wide setup: 8 CPU devices for sharding tests, skips for missing hardware, and the
+session's random seed.
 
 Markers (pyproject.toml): slow, vllm, browser, gpu, tpu, osworld. `make test` runs every
 test this machine can run; a test whose marker names hardware or a service that is absent
 is skipped with the reason, and pytest's summary (-ra) lists each skip.
+
+Randomized tests take the `seed` fixture: `--seed N`, else $DART_TEST_SEED, else a fresh
+one. It is printed in the header and in the report of every failing test that used it,
+so `pytest --seed N` replays a failure exactly.
 """
 
 import importlib.util
 import os
+import random
 import shutil
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -50,3 +56,37 @@ def pytest_collection_modifyitems(config, items):
                 cache[marker] = _missing(marker)
             if cache[marker]:
                 item.add_marker(pytest.mark.skip(reason=cache[marker]))
+
+
+_SEED = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--seed", type=int, default=None,
+                     help="seed of randomized tests (default: $DART_TEST_SEED, else a fresh one)")
+
+
+def pytest_configure(config):
+    seed = config.getoption("--seed")
+    if seed is None:
+        seed = int(os.environ.get("DART_TEST_SEED") or random.SystemRandom().randrange(2**32))
+    config.stash[_SEED] = seed
+
+
+def pytest_report_header(config):
+    seed = config.stash[_SEED]
+    return f"random seed: {seed} (replay: --seed {seed} or DART_TEST_SEED={seed})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed and "seed" in getattr(item, "fixturenames", ()):
+        seed = item.config.stash[_SEED]
+        report.sections.append(("random seed", f"{seed}: replay with --seed {seed}"))
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """The session's random seed (see the module docstring)."""
+    return request.config.stash[_SEED]

@@ -94,9 +94,20 @@ class PoolConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RequestPathsConfig:
+    """Where the paths that requests name may point besides the run directory: PoolImport
+    reads under `import_roots`, ExportTrajectories writes under `export_roots`. A request's
+    relative path is taken in the run directory; an absolute one must resolve inside the
+    run directory or one of these roots; nothing else is reachable from the wire."""
+    import_roots: tuple[str, ...] = ()
+    export_roots: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class DataManagerConfig:
     wire: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5557")
     store: StoreConfig = StoreConfig()
     curation: CurationConfig = CurationConfig()
     tasks: TaskSourceConfig = TaskSourceConfig()
     pool: PoolConfig = PoolConfig()
+    request_paths: RequestPathsConfig = RequestPathsConfig()

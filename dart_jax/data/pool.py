@@ -4,13 +4,17 @@ Two file formats, both whole `wire.Trajectory` objects:
 - a directory of `*.traj` files, each one msgpack trajectory (`wire.to_bytes`);
 - JSONL, one JSON trajectory a line: screenshots as base64 strings and every array as
   `{"dtype", "shape", "data": base64}` (readable fields for SFT and analysis).
-Import keeps successes of known tasks only and is idempotent by traj_id.
+Import keeps successes of known tasks only and is idempotent by traj_id. Export creates
+its file or directory and never deletes or overwrites anything already there.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import os
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -18,9 +22,10 @@ import msgspec
 import numpy as np
 
 from dart_jax.data.ingest import validate
+from dart_jax.wire.paths import check_inside
 from dart_jax.data.store import Store
 from dart_jax.wire import codec, from_bytes, to_bytes
-from dart_jax.wire.messages import Trajectory
+from dart_jax.wire.messages import Id, Trajectory
 
 
 @dataclasses.dataclass
@@ -46,12 +51,16 @@ def _json_dec(tp: type, obj: Any) -> Any:
 _json_encoder = msgspec.json.Encoder(enc_hook=_json_enc)
 
 
-def read_trajectories(path: Path) -> Iterator[Trajectory]:
-    """Trajectories in a *.traj/*.jsonl file or a directory of them (sorted by name)."""
+def read_trajectories(path: Path, allowed: Sequence[Path] | None = None) -> Iterator[Trajectory]:
+    """Trajectories in a *.traj/*.jsonl file or a directory of them (sorted by name). With
+    `allowed` (resolved roots), each file must resolve inside one: a symlink in a directory
+    cannot lead out (PathRefused)."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path}: no such file or directory")
     files = sorted(p for p in path.iterdir() if p.suffix in (".traj", ".jsonl")) if path.is_dir() else [path]
+    for f in files if allowed is not None else ():  # all checked before anything is read
+        check_inside(f, allowed, str(f))
     for f in files:
         if f.suffix == ".traj":
             yield from_bytes(f.read_bytes(), Trajectory)
@@ -82,16 +91,26 @@ def write_trajectories(path: Path, trajs: Sequence[Trajectory], fmt: str) -> Non
     elif fmt == "traj":
         path.mkdir(parents=True, exist_ok=True)
         for t in trajs:
-            (path / f"{t.traj_id}.traj").write_bytes(to_bytes(t))
+            (path / f"{_file_stem(t.traj_id)}.traj").write_bytes(to_bytes(t))
     else:
         raise ValueError(f"unknown trajectory format {fmt!r} (traj or jsonl)")
 
 
-def import_pool(store: Store, path: Path, chunk: int = 64) -> ImportResult:
-    """Add the successful trajectories under `path` to the store and its experience pool."""
+def _file_stem(traj_id: str) -> str:
+    """The id as a file name, checked as the wire checks it: a store written before ids
+    were checked may hold one that would name a path."""
+    try:
+        return msgspec.convert(traj_id, Id)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"trajectory id {traj_id[:64]!r} cannot be a file name: {e}") from None
+
+
+def import_pool(store: Store, path: Path, chunk: int = 64, allowed: Sequence[Path] | None = None) -> ImportResult:
+    """Add the successful trajectories under `path` to the store and its experience pool
+    (`allowed`: see `read_trajectories`)."""
     known = {t.task_id for t in store.tasks()}
     result, batch = ImportResult(), []
-    for traj in read_trajectories(path):
+    for traj in read_trajectories(path, allowed):
         if traj.status != "success" or traj.task_id not in known:
             result.skipped += 1
             continue
@@ -118,10 +137,48 @@ def _commit(store: Store, batch: list, result: ImportResult) -> None:
 
 def export(store: Store, path: Path, fmt: str, success_only: bool = False,
            split: str | None = None, chunk: int = 64) -> int:
-    """Write the selected trajectories to `path`; returns how many."""
+    """Write the selected trajectories to the new file (jsonl) or directory (traj) `path`;
+    returns how many. Written beside it under a temporary name, then moved into place only
+    if nothing is there (FileExistsError otherwise), so nothing is ever overwritten and a
+    reader never sees a partial export."""
+    path = Path(path)
+    if fmt not in ("traj", "jsonl"):
+        raise ValueError(f"unknown trajectory format {fmt!r} (traj or jsonl)")
+    if os.path.lexists(path):
+        raise FileExistsError(f"{path} exists; export writes only new paths")
     ids = store.trajectory_ids(success_only=success_only, split=split)
-    if fmt == "jsonl" and Path(path).exists():
-        Path(path).unlink()
-    for i in range(0, len(ids), chunk):
-        write_trajectories(path, store.load_trajectories(ids[i:i + chunk]), fmt)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        if fmt == "traj":  # created up front so an empty selection exports too
+            tmp.mkdir()
+        else:
+            tmp.touch(exist_ok=False)
+        for i in range(0, len(ids), chunk):
+            write_trajectories(tmp, store.load_trajectories(ids[i:i + chunk]), fmt)
+        _publish(tmp, path)
+    finally:
+        _remove_own(tmp)
     return len(ids)
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Move `tmp` to `path` unless something appeared there meanwhile. link() never replaces
+    a name; rename() of a directory replaces at most an empty directory."""
+    try:
+        if tmp.is_dir():
+            os.rename(tmp, path)
+        else:
+            os.link(tmp, path)
+    except OSError:
+        if os.path.lexists(path):
+            raise FileExistsError(f"{path} appeared during the export; left as it was") from None
+        raise
+
+
+def _remove_own(tmp: Path) -> None:
+    """Remove the export's own temporary (gone already when published as a directory)."""
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp)
+    elif os.path.lexists(tmp):
+        tmp.unlink()

@@ -8,7 +8,8 @@ Serves, on one ROUTER socket (`cfg.wire.endpoint`):
   SubmitTrajectory -> TrajectoryAck             after commit; idempotent by traj_id
   BatchRequest -> CuratedBatch | NoBatch        the trainer: curated GRPO groups, replayable
   StatsRequest -> DataStats                     dashboards
-  PoolImport -> PoolImported, ExportTrajectories -> Exported
+  PoolImport -> PoolImported                    successes into the pool (path: dart_jax.wire.paths)
+  ExportTrajectories -> Exported                to a new file or directory (path: same rules)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dart_jax.data.config import DataManagerConfig
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import ConflictError, Store
 from dart_jax.data.tasks import load_tasks
-from dart_jax.wire import Server
+from dart_jax.wire import Server, paths
 from dart_jax.wire.messages import (BatchRequest, Error, ExportTrajectories, Exported, Message,
                                     PoolImport, PoolImported, StatsRequest, SubmitTrajectory,
                                     TaskRequest, Trajectory, TrajectoryAck, WorkerAck,
@@ -43,6 +44,8 @@ class DataManager:
         self.store = Store.open(cfg.store, self.run_dir)
         self.store.upsert_tasks(load_tasks(cfg.tasks, self.run_dir))
         self.known_tasks = frozenset(t.task_id for t in self.store.tasks())
+        self.import_roots = paths.roots(self.run_dir, cfg.request_paths.import_roots)
+        self.export_roots = paths.roots(self.run_dir, cfg.request_paths.export_roots)
         for path in cfg.pool.import_paths:
             got = pool.import_pool(self.store, self.run_dir / path)
             log.info("pool import %s: %s", path, got)
@@ -67,15 +70,12 @@ class DataManager:
             if isinstance(msg, StatsRequest):
                 return stats.collect(self.store, self.cfg.curation, msg.task_ids)
             if isinstance(msg, PoolImport):
-                got = pool.import_pool(self.store, self.run_dir / msg.path)
-                return PoolImported(imported=got.imported, duplicates=got.duplicates, skipped=got.skipped)
+                return self.import_pool(msg)
             if isinstance(msg, ExportTrajectories):
-                split = None if msg.split == "all" else msg.split
-                count = pool.export(self.store, self.run_dir / msg.path, msg.format, msg.success_only, split)
-                return Exported(path=str(self.run_dir / msg.path), count=count)
+                return self.export(msg)
         except ValueError as e:
             return Error(code="bad_request", message=str(e))
-        except ConflictError as e:
+        except (ConflictError, FileExistsError) as e:
             return Error(code="conflict", message=str(e))
         return Error(code="bad_request", message=f"the data manager does not serve {type(msg).__name__}")
 
@@ -87,6 +87,17 @@ class DataManager:
         refs = self.store.put_screenshots(traj)
         duplicate = self.writer.submit(traj, refs).result()
         return TrajectoryAck(traj_id=traj.traj_id, duplicate=duplicate)
+
+    def import_pool(self, msg: PoolImport) -> PoolImported:
+        path = paths.confine(msg.path, self.run_dir, self.import_roots)
+        got = pool.import_pool(self.store, path, allowed=self.import_roots)
+        return PoolImported(imported=got.imported, duplicates=got.duplicates, skipped=got.skipped)
+
+    def export(self, msg: ExportTrajectories) -> Exported:
+        path = paths.confine(msg.path, self.run_dir, self.export_roots)
+        split = None if msg.split == "all" else msg.split
+        count = pool.export(self.store, path, msg.format, msg.success_only, split)
+        return Exported(path=str(path), count=count)
 
     def _committed(self, traj: Trajectory) -> None:
         self.scheduler.on_ingested(traj.task_id, traj.assignment_id)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from dart_jax.data.config import TaskSourceConfig
+from dart_jax.data.config import TaskEntry, TaskSourceConfig
 from dart_jax.wire.messages import TaskSpec
 
 
@@ -34,10 +34,19 @@ def write_task_file(path: Path, specs: list[TaskSpec]) -> None:
 def load_tasks(cfg: TaskSourceConfig, run_dir: Path) -> list[TaskSpec]:
     """All configured tasks (file first, then inline); duplicate task ids are an error."""
     specs = read_task_file(Path(run_dir) / cfg.task_file) if cfg.task_file else []
-    specs += [TaskSpec(**dataclasses.asdict(e)) for e in cfg.tasks]
+    specs += [_inline(i, e) for i, e in enumerate(cfg.tasks)]
     seen: set[str] = set()
     for s in specs:
         if s.task_id in seen:
             raise ValueError(f"task {s.task_id!r} is listed twice")
         seen.add(s.task_id)
     return specs
+
+
+def _inline(index: int, entry: TaskEntry) -> TaskSpec:
+    """A config entry checked as the wire checks a TaskSpec, so every task the data manager
+    hands out decodes on the rollout side."""
+    try:
+        return msgspec.convert(dataclasses.asdict(entry), TaskSpec)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"tasks.tasks[{index}]: {e}") from None

@@ -67,7 +67,8 @@ def collect_demos(cfg: RunConfig, run: RunDir, hf_dir: Path) -> dict:
     write_trajectories(run.data / "eval_demos",
                        [t for t in trajs if t.status == "success" and split[t.task_id] == "eval"], "traj")
     with Client(cfg.data.wire) as dm:
-        imported = dm.request(PoolImport(path=str((run.data / "demos").resolve())))
+        # relative to the run directory: the data manager confines request paths to it
+        imported = dm.request(PoolImport(path=str((run.data / "demos").relative_to(run.root))))
         stats = dm.request(StatsRequest())
     if not isinstance(stats, DataStats) or not isinstance(imported, PoolImported):
         raise RuntimeError(f"data manager answered {type(imported).__name__}/{type(stats).__name__}, "

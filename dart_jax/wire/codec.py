@@ -127,15 +127,20 @@ def peek_rid(frames: Sequence) -> int:
         return 0
 
 
-def decode(frames: Sequence, max_bytes: int) -> tuple[int, Message]:
-    """`(request_id, body)` from received frames; raises WireError on anything wrong."""
-    if not frames:
-        raise WireError("bad_request", "empty message")
+def check_size(frames: Sequence, max_bytes: int) -> None:
+    """Raise `too_large` for a message over `max_bytes` in all or over MAX_FRAMES frames."""
     if len(frames) > MAX_FRAMES:
         raise WireError("too_large", f"{len(frames)} frames (limit {MAX_FRAMES})")
     size = sum(len(memoryview(f)) for f in frames)
     if size > max_bytes:
         raise WireError("too_large", f"{size} bytes (limit {max_bytes})")
+
+
+def decode(frames: Sequence, max_bytes: int) -> tuple[int, Message]:
+    """`(request_id, body)` from received frames; raises WireError on anything wrong."""
+    if not frames:
+        raise WireError("bad_request", "empty message")
+    check_size(frames, max_bytes)
     try:
         head = _peek.decode(frames[0])
     except (msgspec.DecodeError, UnicodeDecodeError) as e:

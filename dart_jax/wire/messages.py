@@ -8,7 +8,7 @@ This module imports neither JAX nor torch: every role uses it.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 import numpy as np
@@ -18,6 +18,23 @@ PROTOCOL_VERSION = 1
 ErrorCode = Literal["bad_request", "unknown_message", "too_large", "version", "timeout",
                     "internal", "not_found", "unavailable", "conflict"]
 Scalar = Union[str, int, float, bool]
+
+# ---- what ids, names, paths and numbers may be -----------------------------------------
+# Fields that name something are refused at decoding (a `bad_request` naming the field,
+# e.g. `$.trajectory.traj_id`) unless short and drawn from a safe alphabet: they become
+# SQL values, log fields and file names (`<traj_id>.traj`), so no separators, no leading
+# dot or dash, no whitespace or control characters. The patterns end in `\Z`: `$` would
+# also match before a trailing newline. Integers that reach SQLite fit its int64.
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.:-]*"
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=rf"^{_NAME}\Z")]
+OptionalId = Annotated[str, msgspec.Meta(max_length=128, pattern=rf"^(?:{_NAME})?\Z")]
+TaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=rf"^{_NAME}(?:/{_NAME})*\Z")]
+BackendName = Annotated[str, msgspec.Meta(max_length=32, pattern=r"^[a-z0-9_]*\Z")]  # "" = any, where allowed
+RequestPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern=r"^[^\x00-\x1f\x7f]+\Z")]
+Version = Annotated[int, msgspec.Meta(ge=-1, le=2**63 - 1)]  # -1: no policy yet
+Natural = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+StepIndex = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+Text = Annotated[str, msgspec.Meta(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*\Z")]  # one line
 
 
 class Msg(msgspec.Struct, tag=True, tag_field="type", kw_only=True, forbid_unknown_fields=True):
@@ -50,10 +67,10 @@ TrajectoryStatus = Literal["success", "failure", "env_error", "parse_error", "tr
 
 class TaskSpec(Msg):
     """One task: `task_id` is unique across backends (e.g. "miniwob/click-button/7")."""
-    task_id: str
-    backend: str
-    name: str
-    seed: int = 0
+    task_id: TaskId
+    backend: BackendName
+    name: Id
+    seed: Natural = 0
     split: Literal["train", "eval"] = "train"
     config: str = ""  # backend-specific JSON (an OSWorld task file, difficulty, ...)
 
@@ -64,7 +81,7 @@ class Step(Msg):
     response_ids: np.ndarray  # int32 [R]: sampled token ids
     logprobs: np.ndarray  # float32 [R]: the sampler's log-probs of response_ids
     image_refs: list[int]  # indices into Trajectory.screenshots, in prompt order
-    policy_version: int
+    policy_version: Version
     response_text: str
     action: str = ""  # canonical action text after parsing; "" when invalid
     valid: bool = True
@@ -77,18 +94,18 @@ class Step(Msg):
 
 class Trajectory(Msg):
     """One episode with its steps, screenshots (PNG) and the evaluator's reward."""
-    traj_id: str
-    task_id: str
+    traj_id: Id
+    task_id: TaskId
     steps: list[Step]
     screenshots: list[bytes]
     reward: float
     status: TrajectoryStatus
-    worker_id: str = ""
+    worker_id: OptionalId = ""
     temperature: float = 1.0
     created_at: float = 0.0
     source: Literal["rollout", "pool", "demo"] = "rollout"
-    assignment_id: str = ""  # the TaskAssignment this rollout fulfils ("" outside rollouts)
-    env_slot: str = ""  # "ENDPOINT#SLOT" of the env slot that played it
+    assignment_id: OptionalId = ""  # the TaskAssignment this rollout fulfils ("" outside rollouts)
+    env_slot: Text = ""  # "ENDPOINT#SLOT" of the env slot that played it
     reset_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the env reset
     evaluate_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the evaluator
     # weight loads of its worker's engine during the episode: (version, paused, resumed)
@@ -100,9 +117,9 @@ class Trajectory(Msg):
 class TaskRequest(Msg):
     """`session` names one life of the worker process: a new session of a worker id
     returns every assignment of its earlier sessions to the pool at once."""
-    worker_id: str
-    policy_version: int
-    session: str = ""
+    worker_id: Id
+    policy_version: Version
+    session: OptionalId = ""
 
 
 class TaskAssignment(Msg):
@@ -111,14 +128,14 @@ class TaskAssignment(Msg):
     task: TaskSpec
     num_rollouts: int
     max_steps: int
-    assignment_id: str = ""
+    assignment_id: OptionalId = ""
 
 
 class WorkerHeartbeat(Msg):
     """A rollout worker is alive: its assignments stay out; silence returns them."""
-    worker_id: str
-    session: str
-    policy_version: int
+    worker_id: Id
+    session: Id
+    policy_version: Version
 
 
 class WorkerAck(Msg):
@@ -136,7 +153,7 @@ class SubmitTrajectory(Msg):
 
 class TrajectoryAck(Msg):
     """Sent only after the trajectory is committed; `duplicate` on an idempotent retry."""
-    traj_id: str
+    traj_id: Id
     duplicate: bool
 
 
@@ -144,8 +161,8 @@ class TrajectoryAck(Msg):
 
 class BatchRequest(Msg):
     """The batch after `after_batch_id`: replayed if it exists (resume), else assembled."""
-    trainer_version: int
-    after_batch_id: int
+    trainer_version: Version
+    after_batch_id: Natural
 
 
 class CuratedBatch(Msg):
@@ -153,7 +170,7 @@ class CuratedBatch(Msg):
     batch_id: int
     trainer_version: int
     trajectories: list[Trajectory]
-    injected: list[str] = []
+    injected: list[Id] = []
 
 
 class NoBatch(Msg):
@@ -165,7 +182,7 @@ class NoBatch(Msg):
 
 class TaskStats(Msg):
     """One task's record for dashboards; rates over rollouts (environment errors excluded)."""
-    task_id: str
+    task_id: TaskId
     split: str
     attempts: int
     successes: int
@@ -183,7 +200,7 @@ class TaskStats(Msg):
 
 
 class StatsRequest(Msg):
-    task_ids: list[str] = []  # empty: every task
+    task_ids: list[TaskId] = []  # empty: every task
 
 
 class DataStats(Msg):
@@ -196,8 +213,9 @@ class DataStats(Msg):
 
 
 class PoolImport(Msg):
-    """Import successes from a *.traj directory or a JSONL file on the data manager's host."""
-    path: str
+    """Import successes from a *.traj directory or a JSONL file on the data manager's host:
+    relative to its run directory, or absolute inside a configured import root."""
+    path: RequestPath
 
 
 class PoolImported(Msg):
@@ -207,8 +225,9 @@ class PoolImported(Msg):
 
 
 class ExportTrajectories(Msg):
-    """Write trajectories (SFT, analysis) to a path on the data manager's host."""
-    path: str
+    """Write trajectories (SFT, analysis) to a new path on the data manager's host: relative
+    to its run directory, or absolute inside a configured export root. Never overwrites."""
+    path: RequestPath
     format: Literal["traj", "jsonl"] = "jsonl"
     success_only: bool = False
     split: Literal["train", "eval", "all"] = "all"
@@ -228,25 +247,25 @@ class Exported(Msg):
 # each tensor's place, and a CRC-32 guards the whole bucket.
 
 class TensorInfo(Msg):
-    name: str  # Hugging Face name (model.layers.0.self_attn.q_proj.weight)
+    name: Id  # Hugging Face name (model.layers.0.self_attn.q_proj.weight)
     dtype: Literal["float32", "bfloat16", "float16"]
-    shape: list[int]
-    offset: int  # byte offset in the bucket
-    nbytes: int
+    shape: list[Natural]
+    offset: Natural  # byte offset in the bucket
+    nbytes: Natural
 
 
 class WeightBucketInfo(Msg):
-    index: int
-    nbytes: int
-    crc32: int
+    index: Natural
+    nbytes: Natural
+    crc32: Natural
     tensors: list[TensorInfo]
 
 
 class WeightAnnounce(Msg):
     """Version `version` of the policy can be pulled, bucket by bucket."""
-    version: int
+    version: Natural
     buckets: list[WeightBucketInfo]
-    total_bytes: int
+    total_bytes: Natural
     published_at: float
 
 
@@ -255,13 +274,13 @@ class WeightLatest(Msg):
 
 
 class WeightPull(Msg):
-    version: int
-    bucket: int
+    version: Natural
+    bucket: Natural
 
 
 class WeightBucket(Msg):
-    version: int
-    bucket: int
+    version: Natural
+    bucket: Natural
     data: np.ndarray  # uint8 [nbytes]
 
 
@@ -276,33 +295,33 @@ EnvStepStatus = Literal["ok", "invalid", "env_error"]
 
 
 class EnvAcquire(Msg):
-    client_id: str
-    backend: str = ""  # "" = any backend
+    client_id: Id
+    backend: BackendName = ""  # "" = any backend
 
 
 class EnvLease(Msg):
-    lease_id: str
+    lease_id: Id
     slot: int
-    backend: str
+    backend: BackendName
     lease_s: float
 
 
 class EnvHeartbeat(Msg):
-    lease_ids: list[str]
+    lease_ids: list[Id]
 
 
 class EnvHeartbeatAck(Msg):
-    alive: list[str]  # the leases still held; the others were reclaimed or released
+    alive: list[Id]  # the leases still held; the others were reclaimed or released
 
 
 class EnvReset(Msg):
-    lease_id: str
+    lease_id: Id
     task: TaskSpec
 
 
 class EnvStep(Msg):
-    lease_id: str
-    step: int  # index of this step in the episode (0-based): makes retries idempotent
+    lease_id: Id
+    step: StepIndex  # index of this step in the episode (0-based): makes retries idempotent
     action: str  # the model's text, "Thought: ...\nAction: ..." (UI-TARS-1.5)
 
 
@@ -319,9 +338,9 @@ class EnvReply(Msg):
     not be parsed (invalid: penalised, or the episode ends, by server config), or the
     environment failed (env_error: the episode is over and must not be trained on).
     `action` is the canonical text of the parsed action ("" when invalid)."""
-    lease_id: str
-    episode_id: str
-    step: int
+    lease_id: Id
+    episode_id: Id
+    step: StepIndex
     status: EnvStepStatus
     done: bool
     observation: EnvObservation | None = None
@@ -330,13 +349,13 @@ class EnvReply(Msg):
 
 
 class EnvEvaluate(Msg):
-    lease_id: str
+    lease_id: Id
 
 
 class EnvReward(Msg):
     """The evaluator's reward in [0, 1] (less the invalid-action penalty) and the status."""
-    lease_id: str
-    episode_id: str
+    lease_id: Id
+    episode_id: Id
     reward: float
     status: TrajectoryStatus
     steps: int
@@ -344,15 +363,15 @@ class EnvReward(Msg):
 
 
 class EnvRelease(Msg):
-    lease_id: str
+    lease_id: Id
 
 
 class EnvReleased(Msg):
-    lease_id: str
+    lease_id: Id
 
 
 class EnvListTasks(Msg):
-    backend: str
+    backend: BackendName
 
 
 class EnvTaskList(Msg):

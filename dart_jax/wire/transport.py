@@ -11,6 +11,13 @@ may run in a thread pool (`workers > 0`) so slow requests (env steps) do not blo
 others; replies are funnelled back to the socket's thread, as ZeroMQ sockets are not
 thread-safe. Clients use DEALER sockets, so a timed-out request never wedges the link and
 late replies are dropped by id.
+
+Size limit (`max_message_bytes`, all frames together): a request over it gets a `too_large`
+reply; a reply over it is replaced by a `too_large` error, as the peer would drop it unread;
+our clients refuse to send a message over it (a local `too_large` WireError). One frame over
+twice the limit is refused by ZeroMQ itself (MAXMSGSIZE, checked per frame before it is
+buffered): it never reaches the server, which cannot answer it; the peer's connection is
+dropped, its DEALER reconnects on its own and its later requests are served.
 """
 
 from __future__ import annotations
@@ -58,8 +65,9 @@ class Server:
         self.auth = curve.start_server_auth(self.ctx, cfg.curve) if cfg.curve else None
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        # Hard cap well above the app limit so a huge frame is refused without buffering it
-        # all; messages between the two limits get a typed `too_large` reply.
+        # Hard cap per frame well above the app limit so a huge frame is refused without
+        # buffering it all (the connection drops: see the module docstring); messages
+        # between the two limits get a typed `too_large` reply.
         self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_message_bytes)
         if cfg.curve:
             curve.configure_server_socket(self.sock, cfg.curve)
@@ -130,7 +138,12 @@ class Server:
             log.exception("%s: handler failed on request %d", self.role, rid)
             reply = Error(code="internal", message=f"{type(e).__name__}: {e}")
         try:
-            return codec.encode(reply, rid)
+            frames = codec.encode(reply, rid)
+            codec.check_size(frames, self.cfg.max_message_bytes)  # the peer would drop it unread
+            return frames
+        except WireError as e:
+            log.error("%s: reply %s to request %d refused: %s", self.role, type(reply).__name__, rid, e)
+            return codec.encode(Error(code=e.code, message=f"the {type(reply).__name__} reply: {e.message}"), rid)
         except Exception as e:
             log.exception("%s: reply to request %d could not be encoded", self.role, rid)
             return codec.encode(Error(code="internal", message=f"unencodable reply: {e}"), rid)
@@ -160,6 +173,14 @@ def _client_socket(ctx: zmq.Context, cfg: WireConfig) -> zmq.Socket:
     return sock
 
 
+def _encode_request(msg: Message, rid: int, cfg: WireConfig) -> list:
+    """Frames of a request, refused here (WireError `too_large`) when the server would be
+    unable to read it."""
+    frames = codec.encode(msg, rid)
+    codec.check_size(frames, cfg.max_message_bytes)
+    return frames
+
+
 def _result(reply: Message) -> Message:
     if isinstance(reply, Error):
         raise RemoteError(reply)
@@ -176,9 +197,10 @@ class Client:
         self._rids = itertools.count(1)
 
     def request(self, msg: Message, timeout_s: float | None = None) -> Message:
-        """The reply to `msg`; raises RemoteError for an Error reply, WireTimeout."""
+        """The reply to `msg`; raises RemoteError for an Error reply, WireTimeout, and
+        WireError `too_large` for a message over the size limit (not sent)."""
         rid = next(self._rids)
-        self.sock.send_multipart(codec.encode(msg, rid), copy=False)
+        self.sock.send_multipart(_encode_request(msg, rid, self.cfg), copy=False)
         deadline = time.monotonic() + (timeout_s or self.cfg.timeout_s)
         while (left := deadline - time.monotonic()) > 0:
             if not self.sock.poll(int(left * 1000) + 1):
@@ -215,9 +237,10 @@ class AsyncClient:
         if self._reader is None:
             self._reader = asyncio.get_running_loop().create_task(self._read())
         rid = next(self._rids)
+        frames = _encode_request(msg, rid, self.cfg)
         fut = self._pending[rid] = asyncio.get_running_loop().create_future()
         try:
-            await self.sock.send_multipart(codec.encode(msg, rid), copy=False)
+            await self.sock.send_multipart(frames, copy=False)
             reply = await asyncio.wait_for(fut, timeout_s or self.cfg.timeout_s)
         except asyncio.TimeoutError:
             raise WireTimeout(f"no reply from {self.cfg.endpoint}") from None

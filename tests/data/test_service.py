@@ -1,36 +1,17 @@
 """The data manager over ZeroMQ: scheduling, ingestion, batches, stats, pool, bad input."""
 
-import threading
-
 import pytest
 
-from dart_jax.config import from_dict
-from dart_jax.data import service
-from dart_jax.data.config import DataManagerConfig
-from dart_jax.data.tasks import write_task_file
 from dart_jax.data.testing import make_trajectory, task_specs
-from dart_jax.wire import Client, RemoteError
+from dart_jax.wire import RemoteError
 from dart_jax.wire.messages import (BatchRequest, CuratedBatch, DataStats, ExportTrajectories, Exported,
                                     NoBatch, PoolImport, PoolImported, StatsRequest, SubmitTrajectory,
                                     TaskAssignment, TaskRequest, TrajectoryAck)
 
 
 @pytest.fixture
-def manager(tmp_path):
-    write_task_file(tmp_path / "tasks.jsonl", task_specs(n_train=2, n_eval=1))
-    cfg = from_dict(DataManagerConfig, {
-        "wire": {"endpoint": f"ipc://{tmp_path}/dm.sock", "timeout_s": 10},
-        "tasks": {"task_file": "tasks.jsonl",
-                  "tasks": [{"task_id": "t9", "backend": "synthetic", "name": "inline"}]},
-        "curation": {"tasks_per_batch": 2, "group_size": 4}})
-    stop = threading.Event()
-    thread = threading.Thread(target=service.serve, args=(cfg, tmp_path, stop))
-    thread.start()
-    client = Client(cfg.wire)
-    yield client
-    client.close()
-    stop.set()
-    thread.join()
+def manager(serve_manager, tmp_path):
+    return serve_manager(tmp_path)
 
 
 def submit(client, traj):

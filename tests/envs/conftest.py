@@ -19,8 +19,9 @@ from envs.server import serving
 from envs.types import Observation
 
 
-def server_config(*slots, **kwargs) -> EnvServerConfig:
-    return EnvServerConfig(wire=WireConfig(endpoint="tcp://127.0.0.1:0", timeout_s=30.0), slots=slots, **kwargs)
+def server_config(*slots, max_message_bytes: int = 1 << 28, **kwargs) -> EnvServerConfig:
+    wire = WireConfig(endpoint="tcp://127.0.0.1:0", timeout_s=30.0, max_message_bytes=max_message_bytes)
+    return EnvServerConfig(wire=wire, slots=slots, **kwargs)
 
 
 def spec(backend: str, name: str, seed: int = 0, config: dict | None = None) -> TaskSpec:

@@ -10,8 +10,9 @@ from dart_jax.data.pool import read_trajectories
 @pytest.mark.slow
 def test_local_job_end_to_end(tmp_path):
     """`dart-jax local` as users run it: role processes, demos, pool, run directory."""
+    # ipc endpoints in the test's own directory: no port another test or user could hold
     overrides = [f"run.root={tmp_path}", "run.name=e2e", "envs.slots=[{type: synthetic, count: 2}]",
-                 "envs.wire.endpoint=tcp://127.0.0.1:25555", "data.wire.endpoint=tcp://127.0.0.1:25557",
+                 f"envs.wire.endpoint=ipc://{tmp_path}/envs.sock", f"data.wire.endpoint=ipc://{tmp_path}/dm.sock",
                  "job.suites=[{backend: synthetic, names: [click-button, form], train_seeds: 2, eval_seeds: 1}]",
                  "job.demo_concurrency=2", "train.steps=4", "trainer.checkpoint.every_steps=2",
                  "trainer.buckets.seq_lens=[1024, 2048]", "trainer.buckets.num_slots=[1024, 2048]"]

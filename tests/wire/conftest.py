@@ -5,6 +5,9 @@ from dart_jax.wire import Server, WireConfig
 from dart_jax.wire.messages import Step, SubmitTrajectory, Trajectory, TrajectoryAck
 
 
+LIMIT = 1 << 16  # max_message_bytes of the test server: oversize messages stay cheap to fuzz
+
+
 def make_trajectory(n_steps: int = 2, traj_id: str = "t1") -> Trajectory:
     rng = np.random.default_rng(0)
     steps = [Step(prompt_ids=rng.integers(0, 151_936, 40, dtype=np.int32),
@@ -24,7 +27,7 @@ def ack_handler(msg):
 
 @pytest.fixture
 def server():
-    srv = Server(WireConfig(endpoint="tcp://127.0.0.1:0", max_message_bytes=1 << 20),
+    srv = Server(WireConfig(endpoint="tcp://127.0.0.1:0", max_message_bytes=LIMIT),
                  ack_handler, role="test").start()
     yield srv
     srv.stop()

@@ -5,15 +5,15 @@ import msgspec
 import pytest
 import zmq
 
-from dart_jax.wire import (AsyncClient, Client, CurveConfig, RemoteError, Server, WireConfig,
+from dart_jax.wire import (AsyncClient, Client, CurveConfig, RemoteError, Server, WireConfig, WireError,
                            WireTimeout, codec, curve)
 from dart_jax.wire.messages import Error, Ping, Pong, SubmitTrajectory, TaskRequest, TrajectoryAck
 
-from tests.wire.conftest import ack_handler, make_trajectory
+from tests.wire.conftest import LIMIT, ack_handler, make_trajectory
 
 
 def client_cfg(server, **kw):
-    return WireConfig(endpoint=server.endpoint, timeout_s=5, max_message_bytes=1 << 20, **kw)
+    return WireConfig(endpoint=server.endpoint, timeout_s=5, max_message_bytes=LIMIT, **kw)
 
 
 def test_request_reply_and_typed_errors(server):
@@ -40,7 +40,9 @@ def _mutations(valid: list[bytes], rng: random.Random):
         lambda: [msgspec.msgpack.encode([rng.randint(-5, 5), rng.randint(0, 99), {"type": "Nope"}])],
         lambda: [msgspec.msgpack.encode([1, 1, {"type": rng.choice(["Ping", "Step", "Error"]),
                                                 "x": rng.random()}])],
-        lambda: [b"\0" * ((1 << 20) + 1)],
+        lambda: [b"\0" * (LIMIT + 1)],
+        # over twice the limit in all, each frame under ZeroMQ's per-frame cap: still answered
+        lambda: [header, *(bytes(rng.randint(LIMIT // 2, 2 * LIMIT)) for _ in range(rng.randint(2, 4)))],
         lambda: [],
     ]
     while True:
@@ -55,8 +57,8 @@ def _flip(data: bytes, rng: random.Random) -> bytes:
     return bytes(out)
 
 
-def test_fuzz_10000_messages_all_answered_server_alive(server):
-    rng = random.Random(0)
+def test_fuzz_10000_messages_all_answered_server_alive(server, seed):
+    rng = random.Random(seed)
     valid = [bytes(f) for f in codec.encode(SubmitTrajectory(trajectory=make_trajectory()), rid=1)]
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -69,7 +71,7 @@ def test_fuzz_10000_messages_all_answered_server_alive(server):
         for _ in range(100):
             assert sock.poll(5000), "server stopped answering"
             frames = sock.recv_multipart()
-            _, reply = codec.decode(frames, 1 << 20)
+            _, reply = codec.decode(frames, LIMIT)
             assert isinstance(reply, (Error, TrajectoryAck))
             outcomes.add(reply.code if isinstance(reply, Error) else "ok")
             assert outcomes.isdisjoint({"internal"}), "a malformed message reached the handler"
@@ -80,6 +82,61 @@ def test_fuzz_10000_messages_all_answered_server_alive(server):
     assert {"bad_request", "unknown_message", "too_large", "version"} <= outcomes
     with Client(client_cfg(server)) as c:
         assert isinstance(c.request(Ping()), Pong)
+
+
+def test_a_frame_over_the_hard_cap_drops_the_connection_and_the_peer_reconnects(server):
+    """ZeroMQ refuses one frame over twice the limit before buffering it (MAXMSGSIZE): no
+    reply can be sent; the DEALER reconnects by itself and its next request is answered."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(server.endpoint)
+    sock.send_multipart(codec.encode(Ping(), 1))
+    assert sock.poll(5000) and isinstance(codec.decode(sock.recv_multipart(), LIMIT)[1], Pong)
+    served = server.served
+    sock.send_multipart([codec.encode(Ping(), 2)[0], bytes(2 * LIMIT + 1)])
+    assert not sock.poll(500) and server.served == served  # never reached the server
+    sock.send_multipart(codec.encode(Ping(), 3))
+    assert sock.poll(5000)
+    assert codec.decode(sock.recv_multipart(), LIMIT)[0] == 3
+    sock.close(0)
+    ctx.term()
+
+
+def test_clients_refuse_to_send_what_the_server_could_not_read(server):
+    big = make_trajectory(n_steps=1)
+    big.screenshots[0] = bytes(LIMIT)
+    with Client(client_cfg(server)) as c:
+        with pytest.raises(WireError) as err:
+            c.request(SubmitTrajectory(trajectory=big))
+        assert err.value.code == "too_large"
+        assert isinstance(c.request(Ping()), Pong)
+
+    async def main():
+        client = AsyncClient(client_cfg(server))
+        try:
+            with pytest.raises(WireError, match="too_large"):
+                await client.request(SubmitTrajectory(trajectory=big))
+            return await client.request(Ping())
+        finally:
+            await client.aclose()
+
+    assert isinstance(asyncio.run(main()), Pong)
+    assert server.served == 2  # the two pings only
+
+
+def test_a_reply_over_the_limit_becomes_a_too_large_error():
+    def handler(msg):
+        traj = make_trajectory(n_steps=1)
+        traj.screenshots[0] = bytes(LIMIT)
+        return SubmitTrajectory(trajectory=traj)
+
+    srv = Server(WireConfig(endpoint="tcp://127.0.0.1:0", max_message_bytes=LIMIT), handler,
+                 role="big").start()
+    with Client(WireConfig(endpoint=srv.endpoint, timeout_s=5, max_message_bytes=LIMIT)) as c:
+        with pytest.raises(RemoteError) as err:
+            c.request(TaskRequest(worker_id="w", policy_version=0))
+    srv.stop()
+    assert err.value.code == "too_large" and "SubmitTrajectory reply" in err.value.message
 
 
 def test_timeout_then_link_still_usable():
