@@ -145,8 +145,11 @@ def test_ids_and_numbers_of_the_other_requests(hostile):
 
 
 def test_export_refuses_a_stored_id_that_would_name_a_path(store, tmp_path):
-    """A store from before ids were checked may hold one: export refuses it, writes nothing."""
+    """A store from before ids were checked (schema 1: no head record) may hold one: export
+    refuses it and writes nothing."""
     put(store, make_trajectory("../../evil", "t0"))
+    with store.write() as w:
+        w.execute("UPDATE trajectories SET head = NULL")
     with pytest.raises(ValueError, match="cannot be a file name"):
         pool.export(store, tmp_path / "out", "traj")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
