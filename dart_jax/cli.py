@@ -20,7 +20,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _load_run_config(args: argparse.Namespace):
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     return config_lib.load(RunConfig, args.config, args.overrides)
 
 
@@ -51,7 +51,7 @@ def cmd_env_server(args: argparse.Namespace) -> int:
 def cmd_data_manager(args: argparse.Namespace) -> int:
     from dart_jax.data import service
     cfg, run = _role_setup(args, "data-manager")
-    service.run(cfg.data, run.root)
+    service.run(cfg.data, run.root, cfg.run.mode)
     return 0
 
 
@@ -63,10 +63,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     import json
-    from dart_jax.jobs import local, train
+    from dart_jax.train import main
     cfg, run = _role_setup(args, "trainer")
-    hf_dir = Path(cfg.train.policy_dir) if cfg.train.policy_dir else local.policy_dir(cfg, run)
-    print(json.dumps(train.run(cfg, run, hf_dir)))
+    print(json.dumps(main.main(cfg, run)))
     return 0
 
 

@@ -58,18 +58,29 @@ class RunDir:
 
 
 class MetricsWriter:
-    """Appends one JSON object per record to metrics/<role>.jsonl (flushed per record)."""
+    """Appends one JSON object per record to metrics/<role>.jsonl (flushed per record) and,
+    given `tensorboard_dir`, every numeric value as a TensorBoard scalar too."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tensorboard_dir: Path | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", buffering=1)
+        self._tb = None
+        if tensorboard_dir is not None:
+            from tensorboardX import SummaryWriter
+            self._tb = SummaryWriter(str(tensorboard_dir), flush_secs=10)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"time": time.time(), "step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("time", "step"):
+                    self._tb.add_scalar(key, value, step, walltime=record["time"])
 
     def close(self) -> None:
         self._file.close()
+        if self._tb is not None:
+            self._tb.close()
 
 
 def _plain(value: Any) -> Any:

@@ -10,7 +10,7 @@ def make_env(spec: SlotSpec, index: int = 0) -> Env:
     """A new environment for slot `index` of its spec (starts a browser or VM if needed)."""
     if isinstance(spec, SyntheticSlots):
         from envs.synthetic import SyntheticEnv
-        return SyntheticEnv(spec.width, spec.height, spec.difficulty)
+        return SyntheticEnv(spec.width, spec.height, spec.difficulty, spec.step_latency, index)
     if isinstance(spec, MiniWoBSlots):
         from envs.miniwob_env import MiniWoBEnv
         return MiniWoBEnv(spec)

@@ -25,12 +25,25 @@ CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev
 
 
 @dataclasses.dataclass(frozen=True)
+class Latency:
+    """Wall-clock time an env call takes on top of its work, standing in for slow real
+    environments (an OSWorld VM takes seconds per step, with a heavy tail). `lognormal`:
+    median_s * exp(sigma * z), z standard normal, capped at max_s; `fixed`: median_s."""
+    kind: Literal["none", "fixed", "lognormal"] = "none"
+    median_s: float = bounded(0.0, ge=0)
+    sigma: float = bounded(1.0, ge=0)
+    max_s: float = bounded(60.0, gt=0)
+    seed: int = bounded(0, ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
 class SyntheticSlots:
     type: Literal["synthetic"] = "synthetic"
     count: int = bounded(1, ge=1)
     width: int = bounded(400, ge=100)
     height: int = bounded(300, ge=100)
     difficulty: int = bounded(1, ge=1, le=3)  # default; a task's config may override it
+    step_latency: Latency = Latency()  # per step, reset and evaluation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,18 +11,22 @@ targets must be scrolled to):
 
 Widgets are screen rectangles below a fixed header holding the instruction. The
 observation's `dom_text` lists every widget, one line each, in the format
-`envs.dom.format_element` writes (the oracle reads it). A step takes a few ms.
+`envs.dom.format_element` writes (the oracle reads it). A step takes a few ms, plus the
+configured latency (`Latency`: fixed or heavy-tailed, as slow real environments are).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import random
+import time
 
 from PIL import Image, ImageDraw, ImageFont
 
 from envs import dom
+from envs.config import Latency
 from envs.types import Action, Observation, StepResult, Task, TaskError
 
 TASKS = ("click-button", "enter-text", "check-boxes", "select-item", "form")
@@ -54,15 +58,31 @@ class Scenario:
     page_height: int
 
 
+def delay(lat: Latency, rng: random.Random) -> float:
+    """One draw of the latency, in seconds."""
+    if lat.kind == "none":
+        return 0.0
+    z = rng.gauss(0.0, 1.0) if lat.kind == "lognormal" else 0.0
+    return min(lat.median_s * math.exp(lat.sigma * z), lat.max_s)
+
+
 class SyntheticEnv:
     """One synthetic GUI (implements `envs.types.Env`)."""
 
-    def __init__(self, width: int = 400, height: int = 300, difficulty: int = 1):
+    def __init__(self, width: int = 400, height: int = 300, difficulty: int = 1,
+                 latency: Latency = Latency(), slot: int = 0):
         if not 1 <= difficulty <= 3:
             raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
         self.size, self.difficulty = (width, height), difficulty
         self.font = ImageFont.load_default(size=12)
         self.task: Task | None = None
+        self.latency = latency
+        self._delays = random.Random(f"{latency.seed}:{slot}")
+
+    def _wait(self) -> None:
+        """Take as long as the configured latency says (OSWorld-like step times)."""
+        if self.latency.kind != "none":
+            time.sleep(delay(self.latency, self._delays))
 
     def reset(self, task: Task) -> Observation:
         if task.name not in TASKS:
@@ -72,6 +92,7 @@ class SyntheticEnv:
         self.task, self.scene = task, _GENERATORS[task.name](rng, difficulty, self.size[0])
         self.page, self.scroll, self.focus, self.done, self.success = 0, 0, None, False, False
         self.select_all = False
+        self._wait()
         return self.observe()
 
     def step(self, action: Action) -> StepResult:
@@ -79,9 +100,11 @@ class SyntheticEnv:
             raise RuntimeError("step before reset")
         if not self.done:
             self._apply(action)
+        self._wait()
         return StepResult(self.observe(), self.done, {"success": self.success})
 
     def evaluate(self) -> float:
+        self._wait()
         return 1.0 if self.success else 0.0
 
     def close(self) -> None:

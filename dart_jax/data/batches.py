@@ -13,13 +13,16 @@ import threading
 
 from dart_jax.data import curation
 from dart_jax.data.config import CurationConfig
+from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import ConflictError, Store
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch
 
 
 class BatchAssembler:
-    def __init__(self, store: Store, cfg: CurationConfig):
-        self.store, self.cfg = store, cfg
+    """`scheduler` given: synchronous mode (a batch is exactly one round of rollouts)."""
+
+    def __init__(self, store: Store, cfg: CurationConfig, scheduler: Scheduler | None = None):
+        self.store, self.cfg, self.sync = store, cfg, scheduler
         self._lock = threading.Lock()  # one batch at a time: ids and "used" marks stay exact
 
     def handle(self, req: BatchRequest) -> CuratedBatch | NoBatch:
@@ -37,6 +40,8 @@ class BatchAssembler:
 
     def curate(self, trainer_version: int) -> list[curation.Group] | str:
         """The groups of the next batch, or why there is none yet."""
+        if self.sync is not None:
+            return self.curate_round(trainer_version)
         cfg = self.cfg
         fresh = self.store.fresh_candidates(trainer_version - cfg.max_staleness)
         need = {t: curation.rollout_count(curation.success_rate(
@@ -50,6 +55,19 @@ class BatchAssembler:
         if groups is None:
             return (f"waiting for data: {wanted} ready tasks needed; {len(fresh)} tasks have fresh "
                     f"rollouts at trainer version {trainer_version}")
+        return groups
+
+    def curate_round(self, version: int) -> list[curation.Group] | str:
+        """Synchronous mode: every rollout of version `version`'s round, once all are in."""
+        tasks = self.sync.round_tasks(version)
+        if tasks is None:
+            return f"the round of version {version} is still rolling out"
+        fresh = self.store.fresh_candidates(version)
+        groups = [curation.round_group(t, fresh[t], self.store.pool_successes(t), self.cfg)
+                  for t in dict.fromkeys(tasks) if fresh.get(t)]
+        if not groups:
+            self.sync.restart_round()
+            return f"the round of version {version} gave no trainable rollouts; rolling it again"
         return groups
 
     def replay(self, batch_id: int) -> CuratedBatch:

@@ -106,6 +106,18 @@ def _first(members: Iterable[TrajRecord], success: bool) -> TrajRecord | None:
     return next((m for m in members if m.success == success), None)
 
 
+def round_group(task_id: str, fresh: Sequence[TrajRecord], pool: Sequence[TrajRecord],
+                cfg: CurationConfig) -> Group:
+    """A synchronous round's group: every rollout of the round, never waiting (the round is
+    all the data there is until the next version). A group without a success gets one
+    from `pool` where there is one (else it trains with zero advantage), then `trim_group`."""
+    members, injected = list(fresh), ()
+    extra = next((p for p in pool if p.success), None)
+    if not any(m.success for m in members) and extra is not None:
+        members, injected = [extra, *members], (extra.traj_id,)
+    return Group(task_id, tuple(trim_group(members, cfg.group_size)), injected)
+
+
 def form_group(task_id: str, fresh: Sequence[TrajRecord], pool: Sequence[TrajRecord],
                need: int, cfg: CurationConfig) -> Group | None:
     """The task's group, or None while the task must wait.

@@ -7,6 +7,11 @@ recent success rate and its step limit from its successes' lengths (`curation`).
 every task already has `max_pending_per_task` pending, workers are told to wait, so
 rollouts never outrun the trainer by more than that.
 
+Synchronous mode (`mode="sync"`, DART's non-decoupled baseline) is the same scheduler with
+a barrier: a worker gets work only once it runs the newest version; the round of a version
+is `tasks_per_batch` tasks, handed out once; the trainer's batch waits until all of the
+round's rollouts are in (`round_tasks`), and the next round starts with the next version.
+
 In flight means: handed out in an assignment whose trajectories have not all arrived.
 Assignments belong to one life (`session`) of a worker: they return to the pool when the
 worker shows up with a new session (it restarted), when it stays silent for
@@ -36,22 +41,33 @@ class Assignment:
     expires: float
 
 
+@dataclasses.dataclass
+class Round:
+    """The synchronous round of one policy version: its tasks, in the order handed out."""
+    version: int
+    tasks: list[str]
+
+
 class Scheduler:
-    def __init__(self, store: Store, cfg: CurationConfig, clock=time.monotonic):
-        self.store, self.cfg, self.clock = store, cfg, clock
+    def __init__(self, store: Store, cfg: CurationConfig, clock=time.monotonic, mode: str = "async"):
+        self.store, self.cfg, self.clock, self.mode = store, cfg, clock, mode
+        self.round = Round(0, [])
         self.tasks: list[TaskSpec] = store.tasks("train")
         self._assignments: dict[str, Assignment] = {}
         self._sessions: dict[str, tuple[str, float]] = {}  # worker_id -> (session, last seen)
         self._last: dict[str, float] = {t.task_id: -1.0 for t in self.tasks}
         self._lock = threading.Lock()
 
-    def next(self, latest_version: int, worker_id: str = "", session: str = "") -> TaskAssignment | NoTask:
+    def next(self, latest_version: int, worker_id: str = "", session: str = "",
+             worker_version: int | None = None) -> TaskAssignment | NoTask:
         if not self.tasks:
             return NoTask(reason="no training tasks in this run", retry_after_s=30.0)
         unused = self.store.unused_counts(latest_version - self.cfg.max_staleness)
         with self._lock:
             now = self.clock()
             self._seen(worker_id, session, now)
+            if self.mode == "sync" and (waiting := self._barrier(latest_version, worker_version)):
+                return waiting
             live = self._in_flight(now)
             pending = {t.task_id: unused.get(t.task_id, 0) + live.get(t.task_id, 0) for t in self.tasks}
             order = {t.task_id: i for i, t in enumerate(self.tasks)}
@@ -64,7 +80,35 @@ class Scheduler:
                                     now + self.cfg.assignment_timeout_s)
             self._assignments[assignment.id] = assignment
             self._last[task.task_id] = now
+            if self.mode == "sync":
+                self.round.tasks.append(task.task_id)
         return TaskAssignment(task=task, num_rollouts=n, max_steps=steps, assignment_id=assignment.id)
+
+    def _barrier(self, latest_version: int, worker_version: int | None) -> NoTask | None:
+        """Why a synchronous worker must wait now, or None when it gets the round's next task."""
+        if worker_version is not None and worker_version < latest_version:
+            return NoTask(reason=f"sync to version {latest_version} first", retry_after_s=0.2)
+        if self.round.version != latest_version:
+            self.round = Round(latest_version, [])
+        if len(self.round.tasks) >= min(self.cfg.tasks_per_batch, len(self.tasks)):
+            return NoTask(reason=f"the round of version {latest_version} is handed out; waiting for the trainer",
+                          retry_after_s=0.2)
+        return None
+
+    def round_tasks(self, version: int) -> list[str] | None:
+        """The tasks of version `version`'s round once it is complete: all handed out and
+        nothing of it in flight. None while it is rolling out."""
+        with self._lock:
+            live = self._in_flight(self.clock())
+            full = len(self.round.tasks) >= min(self.cfg.tasks_per_batch, len(self.tasks))
+            if self.round.version != version or not full or any(live.get(t) for t in self.round.tasks):
+                return None
+            return list(self.round.tasks)
+
+    def restart_round(self) -> None:
+        """The round gave nothing to train on (every rollout failed in its env): roll it again."""
+        with self._lock:
+            self.round = Round(self.round.version, [])
 
     def plan(self, task_id: str) -> tuple[int, int]:
         """(rollout count, step limit) for the task now."""

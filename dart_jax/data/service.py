@@ -15,6 +15,7 @@ Serves, on one ROUTER socket (`cfg.wire.endpoint`):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import threading
@@ -39,7 +40,9 @@ log = logging.getLogger(__name__)
 class DataManager:
     """The request handler and the state behind it; `run` wires it to a server."""
 
-    def __init__(self, cfg: DataManagerConfig, run_dir: Path):
+    def __init__(self, cfg: DataManagerConfig, run_dir: Path, mode: str = "async"):
+        """`mode`: "async" (DART: decoupled) or "sync" (rounds: rollouts of the newest version,
+        then training on exactly them, then the next version)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.store = Store.open(cfg.store, self.run_dir)
         self.store.upsert_tasks(load_tasks(cfg.tasks, self.run_dir))
@@ -49,8 +52,9 @@ class DataManager:
         for path in cfg.pool.import_paths:
             got = pool.import_pool(self.store, self.run_dir / path)
             log.info("pool import %s: %s", path, got)
-        self.scheduler = Scheduler(self.store, cfg.curation)
-        self.batches = BatchAssembler(self.store, cfg.curation)
+        curation_cfg = dataclasses.replace(cfg.curation, max_staleness=0) if mode == "sync" else cfg.curation
+        self.scheduler = Scheduler(self.store, curation_cfg, mode=mode)
+        self.batches = BatchAssembler(self.store, curation_cfg, self.scheduler if mode == "sync" else None)
         self.latest_version = self.store.latest_version()
         self.writer = ingest.IngestWriter(self.store, cfg.store.group_commit_max, self._committed)
 
@@ -60,7 +64,7 @@ class DataManager:
                 return self.submit(msg.trajectory)
             if isinstance(msg, TaskRequest):
                 self._saw_version(msg.policy_version, "rollout")
-                return self.scheduler.next(self.latest_version, msg.worker_id, msg.session)
+                return self.scheduler.next(self.latest_version, msg.worker_id, msg.session, msg.policy_version)
             if isinstance(msg, WorkerHeartbeat):
                 self._saw_version(msg.policy_version, "rollout")
                 return WorkerAck(known=self.scheduler.heartbeat(msg.worker_id, msg.session))
@@ -118,9 +122,9 @@ class DataManager:
         self.store.close()
 
 
-def serve(cfg: DataManagerConfig, run_dir: Path, stop: threading.Event) -> None:
+def serve(cfg: DataManagerConfig, run_dir: Path, stop: threading.Event, mode: str = "async") -> None:
     """Serve until `stop` is set (tests and `run`)."""
-    manager = DataManager(cfg, run_dir)
+    manager = DataManager(cfg, run_dir, mode)
     server = Server(cfg.wire, manager.handle, role="data-manager",
                     workers=cfg.store.handler_threads, info=manager.info).start()
     log.info("data manager serving %s (store %s)", server.endpoint, manager.store.db_path)
@@ -131,12 +135,12 @@ def serve(cfg: DataManagerConfig, run_dir: Path, stop: threading.Event) -> None:
         manager.close()
 
 
-def run(cfg: DataManagerConfig, run_dir: Path) -> None:
+def run(cfg: DataManagerConfig, run_dir: Path, mode: str = "async") -> None:
     """Block serving until SIGTERM or SIGINT."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    serve(cfg, run_dir, stop)
+    serve(cfg, run_dir, stop, mode)
 
 
 def main(argv: list[str] | None = None) -> None:

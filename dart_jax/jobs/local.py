@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from dart_jax.config import ConfigError, dump
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.data.pool import write_trajectories
 from dart_jax.data.tasks import write_task_file
 from dart_jax.jobs import demos
@@ -100,8 +100,8 @@ def run(cfg: RunConfig) -> dict:
              for role in ("env-server", "data-manager")]
     summary: dict = {"run_dir": str(run_dir.root), "policy_init": str(hf_dir)}
     try:
-        roles[0].wait_ready(cfg.envs.wire, cfg.job.ready_timeout_s)
-        roles[1].wait_ready(cfg.data.wire, cfg.job.ready_timeout_s)
+        roles[0].wait_ready(cfg.envs.wire, cfg.run.ready_timeout_s)
+        roles[1].wait_ready(cfg.data.wire, cfg.run.ready_timeout_s)
         summary.update(collect_demos(cfg, run_dir, hf_dir))
     finally:
         for role in roles:

@@ -4,16 +4,14 @@
     metrics = trainer.update_rl(rl_batch, collator)             # one curated GRPO batch
     metrics = trainer.update_sft([batch, ...])                  # accum_steps TrainBatches
 
-`run` drives either from its pipeline with orbax checkpoints (params, optimizer state, step,
-policy version, the data position) and resumes where a killed run stopped. Metrics of update
-N are read after update N+1 is dispatched, so the host never waits on the device for them.
+The loops that drive it (SFT on files, DART's RL loop) are in `dart_jax.train.loop`; `save`
+and `restore` checkpoint the params, optimizer state, step, policy version and data position.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterator
 
 import jax
 import numpy as np
@@ -45,7 +43,7 @@ class Trainer:
         self.step = 0  # host copy of state.step: reading the device's would stall dispatch
         # the frozen reference is the starting policy, read again from hf_dir on resume
         self.ref_params = params if cfg.mode == "rl" and cfg.loss.kl_coef > 0 else None
-        self.policy_version = 0
+        self.policy_version = 0  # the weight publisher's count (RL); 0 in SFT
 
     # -- updates
     def update_rl(self, rl: RLBatch, collator: Collator) -> dict:
@@ -95,7 +93,6 @@ class Trainer:
     def _apply(self, acc: Accumulator) -> dict:
         self.state, metrics = self.steps.apply(self.state, acc)
         self.step += 1
-        self.policy_version += 1
         return metrics | {f"compiles/{k}": np.int32(v) for k, v in self.steps.compiles.items()}
 
     def _row_targets(self, adv_N, weight_N, m: int, mb: TrainBatch, scores: Scores) -> RowTargets:
@@ -129,37 +126,3 @@ class Trainer:
 def _host(x: jax.Array) -> np.ndarray:
     """A (possibly multi-host) global array, whole, on every host."""
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def run(trainer: Trainer, source, num_steps: int, ckpt: Checkpointer | None = None, *,
-        collator: Collator | None = None, on_metrics=None) -> None:
-    """Update until `num_steps` optimizer steps are done, checkpointing every
-    `checkpoint.every_steps` and at the end.
-
-    `source` is a grain iterator of TrainBatch (SFT: accum_steps batches per update) or a
-    DataManagerSource (RL: one curated batch per update round). Both expose get_state /
-    set_state, saved with the train state. `on_metrics(step, metrics)` gets host floats.
-    """
-    if ckpt is not None and (data_state := trainer.restore(ckpt)) is not None:
-        source.set_state(data_state)
-    pending: tuple[int, dict] | None = None
-    while trainer.step < num_steps:
-        if trainer.cfg.mode == "rl":
-            source.trainer_version = trainer.policy_version
-            metrics = trainer.update_rl(next(source), collator)
-        else:
-            metrics = trainer.update_sft(_take(source, trainer.cfg.buckets.accum_steps))
-        if pending is not None and on_metrics is not None:
-            on_metrics(pending[0], jax.device_get(pending[1]))
-        pending = (trainer.step, metrics)
-        if ckpt is not None and (trainer.step % trainer.cfg.checkpoint.every_steps == 0
-                                 or trainer.step >= num_steps):
-            trainer.save(ckpt, source.get_state())
-    if pending is not None and on_metrics is not None:
-        on_metrics(pending[0], jax.device_get(pending[1]))
-    if ckpt is not None:
-        ckpt.wait()
-
-
-def _take(it: Iterator[TrainBatch], n: int) -> list[TrainBatch]:
-    return [next(it) for _ in range(n)]

@@ -73,3 +73,28 @@ def test_unknown_task_and_difficulty_are_errors():
         SyntheticEnv().reset(_task("nope", 0))
     with pytest.raises(ValueError, match="difficulty"):
         SyntheticEnv(difficulty=4)
+
+
+def test_latency_draws_are_heavy_tailed_seeded_and_capped():
+    import random
+    import statistics
+
+
+    from envs.config import Latency
+    from envs.synthetic import delay
+    lat = Latency(kind="lognormal", median_s=2.0, sigma=1.0, max_s=30.0, seed=3)
+    draws = [delay(lat, random.Random(f"{lat.seed}:0")) for _ in range(1)] + \
+        [delay(lat, rng) for rng in [random.Random(7)] for _ in range(4000)]
+    assert draws[0] == delay(lat, random.Random(f"{lat.seed}:0"))  # seeded
+    assert 1.8 < statistics.median(draws) < 2.2 and max(draws) == 30.0  # median as set; the tail is capped
+    assert statistics.mean(draws) > 1.4 * statistics.median(draws)  # heavy right tail
+    assert delay(Latency(kind="fixed", median_s=0.5), random.Random(0)) == 0.5
+    assert delay(Latency(), random.Random(0)) == 0.0
+
+
+def test_a_slot_with_latency_takes_that_long():
+    from envs.config import Latency
+    env = SyntheticEnv(latency=Latency(kind="fixed", median_s=0.05))
+    start = time.monotonic()
+    env.reset(_task("click-button", 0))
+    assert time.monotonic() - start >= 0.05

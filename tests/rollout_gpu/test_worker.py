@@ -7,6 +7,7 @@ version). The tiny policy has init 0.1, so logits are O(1-10) and a weight chang
 the log-probs far beyond the parity bound.
 """
 
+import dataclasses
 import json
 import threading
 import time
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.config import apply_overrides, from_dict, to_dict
 from dart_jax.models import hf_io
 from dart_jax.models.tiny import make_tiny_hf_dir
@@ -26,6 +27,7 @@ from dart_jax.train.batch import BucketSpec, Collator
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.rescore import rescore
 from dart_jax.wire.messages import TaskSpec, WeightBucket, WeightPull
+from envs.config import Latency, SyntheticSlots
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -35,12 +37,16 @@ OVERRIDES = [
     "rollout.episodes=4", "rollout.sampling.max_tokens=24", "rollout.engine.max_model_len=4096",
     "rollout.heartbeat_s=1", "data.curation.min_steps=1", "data.curation.default_max_steps=3",
     "data.curation.max_steps=4", "data.curation.worker_timeout_s=5", "weights.bucket_mb=1",
-    "weights.serve.timeout_s=5", "weights.reannounce_s=0.5", "data.curation.max_pending_per_task=1000",
+    "weights.serve.timeout_s=5", "weights.reannounce_s=0.5", "data.curation.max_pending_per_task=100000", "data.curation.max_staleness=0",
 ]
 
 
 def _config() -> RunConfig:
-    return from_dict(RunConfig, apply_overrides(to_dict(RunConfig()), OVERRIDES, "test"), "test")
+    """Env steps of 0.3 s keep the worker's four episodes in flight at every moment (weights
+    change under running episodes) while it mostly waits, leaving the CPU to the test."""
+    cfg = from_dict(RunConfig, apply_overrides(to_dict(RunConfig()), OVERRIDES, "test"), "test")
+    slots = (SyntheticSlots(count=4, step_latency=Latency(kind="fixed", median_s=0.3)),)
+    return dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, slots=slots))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """The run config: one frozen dataclass per role, composed. Every file in configs/ is one.
 
 Role sections live beside their roles (envs.config, dart_jax.data.config,
-dart_jax.train.config) and are plain dataclasses, so loading a config imports no JAX.
+dart_jax.train.config, rollout_gpu.config) and are plain dataclasses, so loading a config
+imports no JAX. The run's own section says how the supervisor runs them: the mode, the
+phases and the placement table (which roles, how many, on which launcher).
 """
 
 from __future__ import annotations
@@ -11,21 +13,50 @@ from typing import Literal
 
 from dart_jax.config.loader import bounded
 from dart_jax.data.config import DataManagerConfig
-from dart_jax.jobs.config import LocalJobConfig
-from dart_jax.jobs.train import TrainRunConfig
+from dart_jax.run.tasks import JobConfig
 from dart_jax.train.config import TrainerConfig
+from dart_jax.train.main import TrainRunConfig
 from dart_jax.wire.weights import WeightSyncConfig
 from envs.config import EnvServerConfig
 from rollout_gpu.config import RolloutConfig
 
 
+Role = Literal["data-manager", "env-server", "rollout", "trainer"]
+Phase = Literal["demos", "sft", "eval", "rl"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSpec:
+    """One row of the placement table: `count` processes of a role on a launcher. A role
+    that dies is restarted (with backoff) up to `max_restarts` times; one more death stops
+    the run. `resources` are the launcher's (Ray: {"GPU": 1} for a rollout worker)."""
+    role: Role
+    count: int = bounded(1, ge=1)
+    launcher: Literal["local", "ray"] = "local"
+    max_restarts: int = bounded(5, ge=0)
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+PLACEMENT = (RoleSpec("data-manager"), RoleSpec("env-server"), RoleSpec("rollout"), RoleSpec("trainer"))
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSection:
-    """Where the run writes (`root/name`, see dart_jax.rundir) and its base seed."""
+    """Where the run writes (`root/name`, see dart_jax.rundir), its seed, and how `dart-jax
+    run` runs it. `mode`: async (DART: roles never wait on each other) or sync (rounds: roll
+    out with the newest version, train on exactly that, publish, every worker syncs).
+    `phases`, in order: demos (oracle demonstrations into the experience pool), sft
+    (bootstrap on them), eval (held-out success), rl (the decoupled loop)."""
     name: str = "local"
     root: str = "runs"
     seed: int = bounded(0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    mode: Literal["async", "sync"] = "async"
+    phases: tuple[Phase, ...] = ("rl",)
+    placement: tuple[RoleSpec, ...] = PLACEMENT
+    heartbeat_s: float = bounded(2.0, gt=0)
+    ready_timeout_s: float = bounded(300.0, gt=0)
+    view: Literal["auto", "live", "lines", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -50,7 +81,7 @@ class RunConfig:
     train: TrainRunConfig = TrainRunConfig()
     rollout: RolloutConfig = RolloutConfig()
     weights: WeightSyncConfig = WeightSyncConfig()
-    job: LocalJobConfig = LocalJobConfig()
+    job: JobConfig = JobConfig()
 
     def __post_init__(self) -> None:
         if self.weights.dtype != self.rollout.engine.dtype:

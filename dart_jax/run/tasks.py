@@ -1,4 +1,4 @@
-"""Config of the local default job (`dart-jax local`, what `make run` runs)."""
+"""The run's tasks (suites of train and eval seeds) and its demonstration settings."""
 
 from __future__ import annotations
 
@@ -30,16 +30,14 @@ class TaskSuite:
 
 
 @dataclasses.dataclass(frozen=True)
-class LocalJobConfig:
-    """The local default: build the tiny policy, collect oracle demonstrations through the
-    env server into the data manager's experience pool, bootstrap the policy on them with
-    SFT, export it as a Hugging Face checkpoint."""
+class JobConfig:
+    """The run's task suites (written to the task file the data manager loads), and how the
+    `demos` phase plays the oracle on them."""
     suites: tuple[TaskSuite, ...] = (
         TaskSuite(backend="synthetic", names=("click-button", "enter-text", "check-boxes",
                                               "select-item", "form")),)
     demo_max_steps: int = bounded(15, ge=1)
     demo_concurrency: int = bounded(4, ge=1)
-    ready_timeout_s: float = bounded(180.0, gt=0)
 
     def tasks(self) -> list[TaskSpec]:
         return [spec for suite in self.suites for spec in suite.specs()]

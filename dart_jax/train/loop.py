@@ -1,0 +1,99 @@
+"""The trainer's loops: DART's RL loop on curated batches, and SFT on trajectory files.
+
+    rl(trainer, source, collator, publisher, ckpt, steps, log)
+
+One round of the RL loop: fetch the next curated batch from the data manager, update on it
+(`updates_per_batch` optimizer steps: TIS, entropy selection and KL as configured), publish
+the new weights (a new policy version), checkpoint when the step count crosses the cadence.
+Step N's metrics are read while step N+1 runs, so the host never waits on the device for
+them. A resumed trainer restores the step, the data cursor (the data manager replays the
+batches after it) and publishes its restored weights under a new version.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import jax
+
+from dart_jax.train.batch import Collator, TrainBatch
+from dart_jax.train.checkpoint import Checkpointer
+from dart_jax.train.pipeline import DataManagerSource
+from dart_jax.train.publish import WeightPublisher
+from dart_jax.train.trainer import Trainer
+
+Log = Callable[[int, dict], None]  # (step, host metrics)
+
+
+def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publisher: WeightPublisher,
+       ckpt: Checkpointer | None, steps: int, log: Log) -> None:
+    """Train on curated batches until `steps` optimizer updates are done."""
+    resume(trainer, source, publisher, ckpt)
+    pending = None
+    while trainer.step < steps:
+        source.trainer_version = publisher.version
+        fetched = time.time()
+        batch = next(source)
+        started, before = time.time(), trainer.step
+        metrics = trainer.update_rl(batch, collator)
+        flush(pending, log)
+        published = time.time()
+        trainer.policy_version = publisher.publish(trainer.state.params)
+        pending = (trainer.step, metrics, {
+            "batch/id": batch.batch_id, "batch/trajectories": len(batch.trajectories),
+            "batch/injected": len(batch.injected), "policy/version": trainer.policy_version,
+            "time/fetch_start": fetched, "time/update_start": started, "time/publish_start": published,
+            "time/publish_end": time.time(), **_staleness(batch, trainer.policy_version)})
+        if ckpt is not None and (_crossed(before, trainer.step, trainer.cfg.checkpoint.every_steps)
+                                 or trainer.step >= steps):
+            trainer.save(ckpt, source.get_state())
+    flush(pending, log)
+    if ckpt is not None:
+        ckpt.wait()
+
+
+def sft(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | None, steps: int, log: Log) -> None:
+    """Supervised updates (`accum_steps` batches each) until `steps` are done."""
+    if ckpt is not None and (data_state := trainer.restore(ckpt)) is not None:
+        source.set_state(data_state)
+    pending = None
+    while trainer.step < steps:
+        before = trainer.step
+        metrics = trainer.update_sft([next(source) for _ in range(trainer.cfg.buckets.accum_steps)])
+        flush(pending, log)
+        pending = (trainer.step, metrics, {})
+        if ckpt is not None and (_crossed(before, trainer.step, trainer.cfg.checkpoint.every_steps)
+                                 or trainer.step >= steps):
+            trainer.save(ckpt, source.get_state())
+    flush(pending, log)
+    if ckpt is not None:
+        ckpt.wait()
+
+
+def resume(trainer: Trainer, source: DataManagerSource, publisher: WeightPublisher, ckpt: Checkpointer | None) -> None:
+    if ckpt is None or (data_state := trainer.restore(ckpt)) is None:
+        return
+    source.set_state(data_state)
+    # workers may hold versions published after this checkpoint: the restored weights get a new one
+    trainer.policy_version = publisher.publish(trainer.state.params)
+
+
+def flush(pending: tuple[int, dict, dict] | None, log: Log) -> None:
+    if pending is not None:
+        step, device_metrics, host = pending
+        log(step, {k: float(v) for k, v in jax.device_get(device_metrics).items()} | host)
+
+
+def _crossed(before: int, after: int, every: int) -> bool:
+    """Whether a multiple of `every` lies in (before, after]: no cadence point is skipped
+    when one round takes several optimizer steps."""
+    return after // every > before // every
+
+
+def _staleness(batch, version: int) -> dict:
+    """Policy version that trains on the batch minus the versions that sampled its steps."""
+    versions = [s.policy_version for t in batch.trajectories if t.source == "rollout" for s in t.steps]
+    if not versions:
+        return {}
+    return {"staleness/max": float(version - 1 - min(versions)), "staleness/mean": float(version - 1 - sum(versions) / len(versions))}
