@@ -13,6 +13,8 @@ from dart_jax.config.loader import bounded
 from dart_jax.data.config import DataManagerConfig
 from dart_jax.jobs.config import LocalJobConfig
 from dart_jax.jobs.train import TrainRunConfig
+from dart_jax.run.plan import PlanConfig
+from dart_jax.run.tpu import TPUConfig
 from dart_jax.train.config import TrainerConfig
 from dart_jax.wire.weights import WeightSyncConfig
 from envs.config import EnvServerConfig
@@ -51,6 +53,8 @@ class RunConfig:
     rollout: RolloutConfig = RolloutConfig()
     weights: WeightSyncConfig = WeightSyncConfig()
     job: LocalJobConfig = LocalJobConfig()
+    plan: PlanConfig = PlanConfig()  # `dart-jax plan`: model shape, chip, screenshots
+    tpu: TPUConfig = TPUConfig()  # `dart-jax tpu`: the Cloud TPU slice of the trainer
 
     def __post_init__(self) -> None:
         if self.weights.dtype != self.rollout.engine.dtype:
