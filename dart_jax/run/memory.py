@@ -50,23 +50,34 @@ def attention_extra(heads: float, keys: int, c: int, dense: bool) -> tuple[float
     return heads * keys * (F32 + c), heads * keys * F32
 
 
-FORMULAS = {"none": "L*N*all*c", "full": "L*N*carry*c + N*all*c", "dots": "L*N*(carry+dots)*c + N*all*c"}
+# remat policy -> (formula, elements kept per token): every layer's carry or more, plus the one
+# layer whose `all` is rebuilt at a time in the backward
+POLICIES = {
+    "none": ("L*N*all*c", lambda s: s.layers * s.all),
+    "full": ("L*N*carry*c + N*all*c", lambda s: s.layers * s.carry + s.all),
+    "dots": ("L*N*(carry+dots)*c + N*all*c", lambda s: s.layers * (s.carry + s.dots) + s.all),
+}
+
+
+def _attention_bytes(remat: str, attention: Sequence[tuple[float, float]]) -> float:
+    """Dense attention bytes per token kept: every layer's (none), the rebuilt layer's (full), or
+    every layer's saved scores and the rebuilt layer's (dots)."""
+    live = max(a for a, _ in attention)
+    if remat == "none":
+        return sum(a for a, _ in attention)
+    return live + (sum(d for _, d in attention) if remat == "dots" else 0.0)
 
 
 def activations(s: Stack, remat: str, tokens: float, c: int,
                 attention: Sequence[tuple[float, float]]) -> tuple[float, str]:
     """(bytes, formula) kept for the backward over N = `tokens` tokens; attention[i] is layer
-    i's attention_extra. One layer's `all` is live while it is recomputed (full, dots)."""
-    if remat not in FORMULAS:
-        raise ValueError(f"remat policy {remat!r} has no memory formula (known: {', '.join(FORMULAS)})")
+    i's attention_extra."""
+    if remat not in POLICIES:
+        raise ValueError(f"remat policy {remat!r} has no memory formula (known: {', '.join(POLICIES)})")
     if len(attention) != s.layers:
         raise ValueError(f"{len(attention)} attention entries for {s.layers} layers")
-    live = max(a for a, _ in attention)  # the recomputed layer's attention bytes per token
-    per_token = {"none": s.layers * s.all * c + sum(a for a, _ in attention),
-                 "full": s.layers * s.carry * c + s.all * c + live,
-                 "dots": s.layers * (s.carry + s.dots) * c + sum(d for _, d in attention) + s.all * c + live}[remat]
-    attn = per_token - {"none": s.layers * s.all, "full": s.layers * s.carry + s.all,
-                        "dots": s.layers * (s.carry + s.dots) + s.all}[remat] * c
-    values = (f"L={s.layers} N={tokens:,.0f} carry={s.carry:,.0f} dots={s.dots:,.0f} all={s.all:,.0f} c={c}")
+    formula, elements = POLICIES[remat]
+    attn = _attention_bytes(remat, attention)
     dense = f" + N*{attn:,.0f} B of dense attention" if attn else ""
-    return tokens * per_token, f"{FORMULAS[remat]}{dense}; {values}"
+    values = f"L={s.layers} N={tokens:,.0f} carry={s.carry:,.0f} dots={s.dots:,.0f} all={s.all:,.0f} c={c}"
+    return tokens * (elements(s) * c + attn), f"{formula}{dense}; {values}"

@@ -40,14 +40,15 @@ the peak is at most `plan.usable_hbm` of the chip's HBM (XLA keeps some for itse
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from pathlib import Path
 
-from dart_jax.config.loader import bounded
+from dart_jax.config.loader import ConfigError, bounded
 from dart_jax.run.chips import GIB, Chip, chip, parse_accelerator_type
-from dart_jax.run.memory import F32, Stack, activations, attention_extra
+from dart_jax.run.memory import F32, activations, attention_extra
+from dart_jax.run.sizes import (Batch, Params, Screens, batch_of, factor, param_counts, screens_of,
+                                 text_stack, vision_stack)
 
 INPUT_ARRAYS_PER_TOKEN = 10  # ids, mask, 3 positions, image index, targets, loss mask, logp x2
 
@@ -91,26 +92,8 @@ class Plan:
         return self.peak <= self.usable_hbm * self.chip.hbm_bytes
 
 
-@dataclasses.dataclass(frozen=True)
-class Params:
-    """Parameter counts of the model on a mesh (each parameter sharded as the table says)."""
-    total: int
-    chip: float  # on one chip
-    layer: float  # the largest decoder layer or vision block, split by tp only
-    head: float  # the LM head kernel, split by tp only
-
-
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    rows: int  # global rows of one micro-batch: rows per host x hosts
-    rows_chip: float  # of them on one chip
-    seq_len: int
-    slots: int
-
-
 def model_config(cfg, source: str):
     """(Qwen25VLConfig, the config.json it came from): the policy's, else plan.model_config."""
-    from dart_jax.config.loader import ConfigError
     from dart_jax.models.config import Qwen25VLConfig
     hf = Path(cfg.policy.hf_dir) / "config.json" if cfg.policy.hf_dir else None
     if hf is not None and hf.is_file():
@@ -129,83 +112,17 @@ def model_config(cfg, source: str):
 
 def chip_of(cfg, source: str) -> tuple[Chip, int | None]:
     """The chip, and how many the TPU slice has (None when no accelerator type is set)."""
-    from dart_jax.config.loader import ConfigError
     try:
         slice_ = parse_accelerator_type(cfg.tpu.accelerator_type) if cfg.tpu.accelerator_type else None
-        if cfg.plan.chip:
-            return chip(cfg.plan.chip), slice_[1] if slice_ else None
     except ValueError as e:
-        raise ConfigError(source, "plan.chip" if cfg.plan.chip else "tpu.accelerator_type", str(e)) from None
-    if slice_ is None:
+        raise ConfigError(source, "tpu.accelerator_type", str(e)) from None
+    name = cfg.plan.chip or (slice_[0] if slice_ else "")
+    if not name:
         raise ConfigError(source, "plan.chip", "empty, and no tpu.accelerator_type to take the chip from")
-    return chip(slice_[0]), slice_[1]
-
-
-def _factor(names, shape, mesh: dict[str, int]) -> int:
-    """How many ways the sharding table splits an array of `shape` whose axes are `names`."""
-    from dart_jax.models.sharding import logical_to_spec
-    spec = logical_to_spec(names, shape, mesh)
-    return math.prod(mesh[a] for s in spec if s for a in ((s,) if isinstance(s, str) else s))
-
-
-@functools.lru_cache(maxsize=4)
-def _abstract_params(model) -> tuple[tuple[tuple, tuple[int, ...], tuple], ...]:
-    """(path, shape, logical axes) of every parameter; building a 7B model's shapes takes seconds."""
-    from flax import nnx
-    from dart_jax.models.qwen25vl import abstract_model
-    out = []
-    for path, var in nnx.to_flat_state(abstract_model(model)[1]):
-        shape = tuple(var.get_value().shape)
-        out.append((tuple(path), shape, var.get_metadata().get("logical_axes") or (None,) * len(shape)))
-    return tuple(out)
-
-
-def param_counts(model, mesh: dict[str, int]) -> Params:
-    """From the model's abstract parameters (no memory) and their logical axes."""
-    tp_only = {"tp": mesh["tp"]}
-    total = chip_share = head = 0.0
-    per_layer = {("model", "layers"): 0.0, ("visual", "blocks"): 0.0}
-    for path, shape, names in _abstract_params(model):
-        n = math.prod(shape)
-        total += n
-        chip_share += n / _factor(names, shape, mesh)
-        if path[:2] in per_layer:
-            per_layer[path[:2]] += n / _factor(names, shape, tp_only)
-        if path == ("lm_head", "kernel") or (model.tie_word_embeddings and path[-1] == "embedding"):
-            head = n / _factor(names, shape, tp_only)
-    layer = max(per_layer[("model", "layers")] / model.text.num_hidden_layers,
-                per_layer[("visual", "blocks")] / model.vision.depth)
-    return Params(int(total), chip_share, layer, head)
-
-
-def batch_of(trainer, hosts: int, mesh: dict[str, int]) -> Batch:
-    b = trainer.buckets
-    rows = b.rows * hosts
-    return Batch(rows, rows / _factor(("batch",), (rows,), mesh), b.seq_lens[-1], b.num_slots[-1])
-
-
-@dataclasses.dataclass(frozen=True)
-class Screens:
-    """One screenshot's geometry: resized size, patches, merged tokens, vision slots."""
-    count: int
-    resized: tuple[int, int]  # (height, width) after smart_resize
-    patches: int
-    tokens: int
-    slots: int  # in the window layout (every window padded to full size)
-
-
-def screens_of(model, plan: PlanConfig, trainer) -> Screens:
-    from dart_jax.models.image_processing import ImageProcessorConfig
-    from dart_jax.train.batch import BucketSpec, Collator
-    v = model.vision
-    image = ImageProcessorConfig(plan.min_pixels, plan.max_pixels, patch_size=v.patch_size,
-                                 temporal_patch_size=v.temporal_patch_size, merge_size=v.spatial_merge_size)
-    b = trainer.buckets
-    collator = Collator(model, image, BucketSpec(b.seq_lens, b.num_slots, b.rows))
-    grid = image.grid_thw(plan.screen_height, plan.screen_width)
-    return Screens(plan.screenshots, image.resized_hw(plan.screen_height, plan.screen_width),
-                   grid[1] * grid[2], image.num_image_tokens(plan.screen_height, plan.screen_width),
-                   collator.grid_slots(*grid))
+    try:
+        return chip(name), slice_[1] if slice_ else None
+    except ValueError as e:
+        raise ConfigError(source, "plan.chip", str(e)) from None
 
 
 def static_terms(trainer, p: Params) -> list[Term]:
@@ -219,22 +136,9 @@ def static_terms(trainer, p: Params) -> list[Term]:
     return terms
 
 
-def text_stack(t, mesh: dict[str, int]) -> Stack:
-    hd = t.head_dim
-    return Stack(t.num_hidden_layers, t.hidden_size,
-                 t.num_attention_heads * hd / _factor(("act_heads",), (t.num_attention_heads,), mesh),
-                 t.num_key_value_heads * hd / _factor(("act_kv_heads",), (t.num_key_value_heads,), mesh),
-                 t.intermediate_size / _factor(("act_mlp",), (t.intermediate_size,), mesh))
-
-
-def vision_stack(v, mesh: dict[str, int]) -> Stack:
-    q = v.hidden_size / _factor(("act_heads",), (v.num_heads,), mesh)
-    return Stack(v.depth, v.hidden_size, q, q, v.intermediate_size / _factor(("act_mlp",), (v.intermediate_size,), mesh))
-
-
 def text_term(model, trainer, b: Batch, mesh, c: int, dense: bool) -> Term:
     t = model.text
-    heads = t.num_attention_heads / _factor(("act_heads",), (t.num_attention_heads,), mesh)
+    heads = t.num_attention_heads / factor(("act_heads",), (t.num_attention_heads,), mesh)
     att = [attention_extra(heads, b.seq_len, c, dense)] * t.num_hidden_layers
     size, formula = activations(text_stack(t, mesh), trainer.remat, b.rows_chip * b.seq_len, c, att)
     return Term("text act.", size, f"N = R*T tokens: {formula}")
@@ -242,7 +146,7 @@ def text_term(model, trainer, b: Batch, mesh, c: int, dense: bool) -> Term:
 
 def vision_term(model, trainer, b: Batch, mesh, c: int, dense: bool) -> Term:
     v = model.vision
-    heads = v.num_heads / _factor(("act_heads",), (v.num_heads,), mesh)
+    heads = v.num_heads / factor(("act_heads",), (v.num_heads,), mesh)
     full = set(v.fullatt_block_indexes)
     att = [attention_extra(heads, b.slots, c, dense) if i in full else
            attention_extra(heads, v.window_patches, c, True) for i in range(v.depth)]
@@ -273,43 +177,51 @@ def step_terms(model, trainer, b: Batch, p: Params, mesh, c: int, dense: bool) -
             Term("inputs", inputs, f"R*(S*({v.patch_dim}+3) + T*{INPUT_ARRAYS_PER_TOKEN})*4 B")]
 
 
-def _compute_bytes(dtype: str) -> int:
-    return {"bfloat16": 2, "float32": 4}[dtype]
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def mesh_of(trainer) -> dict[str, int]:
+    return {"data": trainer.mesh.data, "fsdp": trainer.mesh.fsdp, "tp": trainer.mesh.tp}
+
+
+def _describe(cfg, model, model_src: str, p: Params, b: Batch, screens: Screens, chip_: Chip, hosts: int,
+              attention: str) -> tuple[str, ...]:
+    tr = cfg.trainer
+    chips = math.prod(mesh_of(tr).values())
+    return (f"model     {model_src}: {p.total:,} parameters; text {model.text.num_hidden_layers} x "
+            f"{model.text.hidden_size}, vision {model.vision.depth} x {model.vision.hidden_size}, "
+            f"vocab {model.text.vocab_size:,}",
+            f"chips     {chips} x {chip_.label} ({hosts} hosts of {chip_.chips_per_host}), {chip_.hbm_gib:g} GiB "
+            f"HBM each, {cfg.plan.usable_hbm:.0%} usable",
+            f"mesh      data={tr.mesh.data} fsdp={tr.mesh.fsdp} tp={tr.mesh.tp}; compute {tr.compute_dtype}; "
+            f"remat {tr.remat}; attention {attention}; mode {tr.mode}",
+            f"batch     R = {b.rows_chip:g} rows per chip of {tr.buckets.rows} per host x {hosts} hosts = "
+            f"{b.rows} per micro-batch, x{tr.buckets.accum_steps} accumulated; T = {b.seq_len:,} tokens, "
+            f"S = {b.slots:,} vision slots",
+            f"screens   {screens.count} x {cfg.plan.screen_width}x{cfg.plan.screen_height} -> "
+            f"{screens.resized[1]}x{screens.resized[0]}: {screens.patches:,} patches, {screens.tokens:,} "
+            f"merged tokens, {screens.slots:,} slots each")
 
 
 def build(cfg, source: str) -> Plan:
     """The per-chip estimate of `cfg`'s trainer (`source` names the config in errors)."""
-    from dart_jax.config.loader import ConfigError
     model, model_src = model_config(cfg, source)
     chip_, slice_chips = chip_of(cfg, source)
-    tr = cfg.trainer
-    mesh = {"data": tr.mesh.data, "fsdp": tr.mesh.fsdp, "tp": tr.mesh.tp}
+    tr, mesh = cfg.trainer, mesh_of(cfg.trainer)
     chips = math.prod(mesh.values())
     hosts = math.ceil(chips / chip_.chips_per_host)
     try:
         screens = screens_of(model, cfg.plan, tr)
     except ValueError as e:
         raise ConfigError(source, "trainer.buckets", str(e)) from None
-    b, p, c = batch_of(tr, hosts, mesh), param_counts(model, mesh), _compute_bytes(tr.compute_dtype)
-    attention = getattr(tr, "attention", "auto")  # the perf branch's trainer option; "auto" = flash
-    lines = (f"model     {model_src}: {p.total:,} parameters; text {model.text.num_hidden_layers} x "
-             f"{model.text.hidden_size}, vision {model.vision.depth} x {model.vision.hidden_size}, "
-             f"vocab {model.text.vocab_size:,}",
-             f"chips     {chips} x {chip_.label} ({hosts} hosts of {chip_.chips_per_host}), {chip_.hbm_gib:g} GiB "
-             f"HBM each, {cfg.plan.usable_hbm:.0%} usable",
-             f"mesh      data={tr.mesh.data} fsdp={tr.mesh.fsdp} tp={tr.mesh.tp}; compute {tr.compute_dtype}; "
-             f"remat {tr.remat}; attention {attention}; mode {tr.mode}",
-             f"batch     R = {b.rows_chip:g} rows per chip of {tr.buckets.rows} per host x {hosts} hosts = "
-             f"{b.rows} per micro-batch, x{tr.buckets.accum_steps} accumulated; T = {b.seq_len:,} tokens, "
-             f"S = {b.slots:,} vision slots",
-             f"screens   {screens.count} x {cfg.plan.screen_width}x{cfg.plan.screen_height} -> "
-             f"{screens.resized[1]}x{screens.resized[0]}: {screens.patches:,} patches, {screens.tokens:,} "
-             f"merged tokens, {screens.slots:,} slots each")
-    static = static_terms(tr, p)
-    step = step_terms(model, tr, b, p, mesh, c, dense=attention == "dense")
+    b, p, c = batch_of(tr, hosts, mesh), param_counts(model, mesh), DTYPE_BYTES[tr.compute_dtype]
+    # a trainer option the attention backends may add; without it the model's default ("auto")
+    # runs a flash kernel (splash on TPU, cuDNN on GPU); only "dense" keeps [T, T] scores
+    attention = getattr(tr, "attention", "auto")
     apply = Term("apply", 2 * F32 * p.chip, "8 B x P, scaled gradients and AdamW updates (optimizer step)")
-    return Plan(lines, tuple(static), tuple(step), apply, chip_, cfg.plan.usable_hbm,
-                tuple(_warnings(screens, b, chips, slice_chips)))
+    return Plan(_describe(cfg, model, model_src, p, b, screens, chip_, hosts, attention),
+                tuple(static_terms(tr, p)), tuple(step_terms(model, tr, b, p, mesh, c, attention == "dense")),
+                apply, chip_, cfg.plan.usable_hbm, tuple(_warnings(screens, b, chips, slice_chips)))
 
 
 def _warnings(screens: Screens, b: Batch, chips: int, slice_chips: int | None) -> list[str]:

@@ -14,6 +14,7 @@ from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.hf_io import read_config
 from dart_jax.run import plan as plan_lib
 from dart_jax.run.chips import GIB, parse_accelerator_type
+from dart_jax.run import sizes
 from dart_jax.run.memory import Stack, activations, attention_extra
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,18 +90,18 @@ def test_tiny_plan_every_number_by_hand(tmp_path):
 def test_tiny_plan_params_and_screens(tmp_path):
     cfg = tiny_run(tmp_path)
     model, _ = plan_lib.model_config(cfg, "tiny")
-    p = plan_lib.param_counts(model, {"data": 1, "fsdp": 2, "tp": 2})
+    p = sizes.param_counts(model, {"data": 1, "fsdp": 2, "tp": 2})
     assert (p.total, p.chip, p.layer, p.head) == (TOTAL, P_CHIP, LAYER_TP, HEAD_TP)
     # 224x224 stays 224x224 (a multiple of 28 inside the pixel bounds): 16x16 patches, 8x8 merged tokens,
     # 2x2 windows of 4x4 merged tokens x 4 patches = 256 slots
-    s = plan_lib.screens_of(model, cfg.plan, cfg.trainer)
+    s = sizes.screens_of(model, cfg.plan, cfg.trainer)
     assert (s.resized, s.patches, s.tokens, s.slots) == ((224, 224), 256, 64, 256)
 
 
 def test_dart_screenshot_geometry():
     cfg = from_dict(RunConfig, {"plan": {"model_config": str(MODEL_7B)},
                                 "trainer": {"buckets": {"num_slots": [11520]}}})
-    s = plan_lib.screens_of(Qwen25VLConfig.from_hf(json.loads(MODEL_7B.read_text())), cfg.plan, cfg.trainer)
+    s = sizes.screens_of(Qwen25VLConfig.from_hf(json.loads(MODEL_7B.read_text())), cfg.plan, cfg.trainer)
     # 1920x1080 -> 1932x1092 (78 x 138 patches); 39 x 69 merged tokens in 10 x 18 windows of 64 slots
     assert (s.resized, s.patches, s.tokens, s.slots) == ((1092, 1932), 10_764, 2_691, 180 * 64)
 
