@@ -21,6 +21,7 @@ runner function, so tests substitute a fake one.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import shutil
 import subprocess
@@ -34,6 +35,7 @@ from dart_jax.config.loader import bounded
 REMOTE_CONFIG = "run.yaml"  # the resolved run config, in tpu.workdir on every worker
 REMOTE_LOG = "train.log"  # the trainer's stdout and stderr, beside it
 FAILED_STATES = ("FAILED", "SUSPENDING", "SUSPENDED")
+GCLOUD_ID = re.compile(r"[a-z][a-z0-9.:-]*")  # project ids (domain-scoped too), zones, node names, types
 AUTH_ARGV = ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)")
 # GA `queued-resources create` takes --spot and --reserved; --best-effort is alpha only.
 PROVISIONING_FLAGS = {"on-demand": (), "spot": ("--spot",), "reserved": ("--reserved",),
@@ -62,6 +64,10 @@ class TPUConfig:
     active_timeout_s: float = bounded(6 * 3600.0, gt=0)
 
     def __post_init__(self) -> None:
+        for key in ("project", "zone", "name", "queued_resource", "accelerator_type", "runtime_version"):
+            value = getattr(self, key)
+            if value and not GCLOUD_ID.fullmatch(value):  # never a flag, a space or a shell character
+                raise ValueError(f"{key} {value!r} is not a gcloud resource name ([a-z][a-z0-9.:-]*)")
         path = PurePosixPath(self.workdir)
         if not self.workdir or path.is_absolute() or ".." in path.parts:
             raise ValueError(f"workdir {self.workdir!r} must be a relative path below the home directory")

@@ -116,6 +116,14 @@ def test_workdir_stays_below_home(workdir):
         TPUConfig(workdir=workdir)
 
 
+@pytest.mark.parametrize("field, value", [("name", "--impersonate-service-account=x"), ("project", "a b"),
+                                          ("zone", "us-east5-a;rm"), ("accelerator_type", "V5P-64")])
+def test_names_cannot_become_flags_or_shell(field, value):
+    with pytest.raises(ValueError, match=f"{field} .* is not a gcloud resource name"):
+        TPUConfig(**{field: value})
+    assert TPUConfig(project="example.com:my-project").project == "example.com:my-project"
+
+
 class FakeGcloud:
     """Records each command; `describe` answers the scripted states in turn."""
 
