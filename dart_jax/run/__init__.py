@@ -1,1 +1,1 @@
-"""`dart-jax run` and the run-level commands: run config, supervisor, launchers, plan, TPU, HF import/export."""
+"""`dart-jax run`: whole runs. The run config, the supervisor and its launchers, presets."""
