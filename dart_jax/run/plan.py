@@ -218,10 +218,14 @@ def build(cfg, source: str) -> Plan:
     # a trainer option the attention backends may add; without it the model's default ("auto")
     # runs a flash kernel (splash on TPU, cuDNN on GPU); only "dense" keeps [T, T] scores
     attention = getattr(tr, "attention", "auto")
+    try:
+        step = step_terms(model, tr, b, p, mesh, c, attention == "dense")
+    except ValueError as e:  # a remat policy without a formula
+        raise ConfigError(source, "trainer.remat", str(e)) from None
     apply = Term("apply", 2 * F32 * p.chip, "8 B x P, scaled gradients and AdamW updates (optimizer step)")
     return Plan(_describe(cfg, model, model_src, p, b, screens, chip_, hosts, attention),
-                tuple(static_terms(tr, p)), tuple(step_terms(model, tr, b, p, mesh, c, attention == "dense")),
-                apply, chip_, cfg.plan.usable_hbm, tuple(_warnings(screens, b, chips, slice_chips)))
+                tuple(static_terms(tr, p)), tuple(step), apply, chip_, cfg.plan.usable_hbm,
+                tuple(_warnings(screens, b, chips, slice_chips)))
 
 
 def _warnings(screens: Screens, b: Batch, chips: int, slice_chips: int | None) -> list[str]:

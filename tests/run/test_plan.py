@@ -1,5 +1,6 @@
 """`dart-jax plan`: every number of a tiny plan computed by hand, the formulas, the CLI, the 7B configs."""
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dart_jax.config import from_dict, load
+from dart_jax.config import ConfigError, from_dict, load
 from dart_jax.config.schema import RunConfig
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.hf_io import read_config
@@ -118,6 +119,13 @@ def test_activation_formulas_by_remat_and_attention():
     assert activations(s, "dots", 512, 2, dense)[0] == 512 * (2 * 384 * 2 + 2 * 2048 + 608 * 2 + 3072)
     with pytest.raises(ValueError, match="no memory formula"):
         activations(s, "offload", 512, 2, flash)
+
+
+def test_a_remat_policy_without_a_formula_is_a_config_error(tmp_path):
+    cfg = tiny_run(tmp_path)
+    trainer = dataclasses.replace(cfg.trainer, remat="offload")  # a name the model may add; no formula yet
+    with pytest.raises(ConfigError, match="tiny: trainer.remat: remat policy 'offload' has no memory formula"):
+        plan_lib.build(dataclasses.replace(cfg, trainer=trainer), "tiny")
 
 
 def test_accelerator_types():
