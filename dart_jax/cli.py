@@ -86,6 +86,73 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dart_jax.run import plan
+    return plan.main(_load_run_config(args), str(args.config), strict=args.strict)
+
+
+def cmd_tpu(args: argparse.Namespace) -> int:
+    from dart_jax.run import tpu
+    cfg = _load_run_config(args)
+    try:
+        return tpu.main(args.action, cfg, str(args.config), config_lib.dump(cfg), dry_run=args.dry_run)
+    except tpu.GcloudUnavailable as e:
+        print(f"dart-jax: {e}", file=sys.stderr)
+        return 2
+    except tpu.TPUCommandError as e:
+        print(f"dart-jax: tpu {args.action}: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    import json
+    from dart_jax.run import hf_commands
+    try:
+        print(json.dumps(hf_commands.export_hf(args.checkpoint_dir, args.out_dir, args.config, args.step, args.dtype)))
+    except hf_commands.HFCommandError as e:
+        print(f"dart-jax: export-hf: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    import json
+    from dart_jax.run import hf_commands
+    try:
+        print(json.dumps(hf_commands.import_hf(args.hf_dir, args.run_dir)))
+    except hf_commands.HFCommandError as e:
+        print(f"dart-jax: import-hf: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_scale_commands(sub) -> None:
+    """plan, tpu, export-hf, import-hf (dart_jax.run)."""
+    plan = _with_config(sub.add_parser("plan", help="per-chip memory estimate of the run's trainer"))
+    plan.add_argument("--strict", action="store_true", help="exit 1 when the plan warns (does not fit)")
+    plan.set_defaults(fn=cmd_plan)
+    tpu = sub.add_parser("tpu", help="the trainer on a Cloud TPU slice (gcloud)").add_subparsers(dest="action",
+                                                                                               required=True)
+    for action, text in (("submit", "create the slice, install, launch the trainer on every host, follow"),
+                         ("status", "describe the queued resource"), ("logs", "follow worker 0's trainer log"),
+                         ("delete", "delete the slice and its queued resource")):
+        p = _with_config(tpu.add_parser(action, help=text))
+        p.add_argument("--dry-run", action="store_true", help="print the gcloud commands in order, run nothing")
+        p.set_defaults(fn=cmd_tpu)
+    export = sub.add_parser("export-hf", help="a trainer checkpoint -> a Hugging Face directory")
+    export.add_argument("checkpoint_dir", type=Path, help="the run's checkpoints/ directory")
+    export.add_argument("out_dir", type=Path, help="a new (or empty) directory")
+    export.add_argument("--config", type=Path, help="the run config (default: CHECKPOINT_DIR/../config.yaml)")
+    export.add_argument("--step", type=int, help="the checkpoint step (default: the latest)")
+    export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="tensor dtype (default: the policy checkpoint's)")
+    export.set_defaults(fn=cmd_export_hf)
+    imp = sub.add_parser("import-hf", help="check a Hugging Face directory and start a run from it")
+    imp.add_argument("hf_dir", type=Path)
+    imp.add_argument("run_dir", type=Path, help="the run directory (its config.yaml gets policy.hf_dir)")
+    imp.set_defaults(fn=cmd_import_hf)
+
+
 def _with_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("config", type=Path, help="a YAML file in configs/")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -112,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("directory", type=Path)
     keys.add_argument("name")
     keys.set_defaults(fn=cmd_keys)
+    _add_scale_commands(sub)
     return parser
 
 

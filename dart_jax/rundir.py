@@ -50,6 +50,15 @@ class RunDir:
     def export(self) -> Path:
         return self.root / "export"
 
+    def policy_dir(self, hf_dir: str = "") -> Path:
+        """The run's policy: `hf_dir` (the config's policy.hf_dir), else the policy-init/ that
+        `dart-jax run` builds; FileNotFoundError when it holds no checkpoint."""
+        path = Path(hf_dir) if hf_dir else self.root / "policy-init"
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no policy at {path} (no config.json): set policy.hf_dir or start "
+                                    "the run with `dart-jax run`")
+        return path
+
     def log_path(self, role: str) -> Path:
         return self.root / "logs" / f"{role}.log"
 

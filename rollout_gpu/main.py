@@ -9,17 +9,8 @@ run's Hugging Face directory: `policy.hf_dir`, else the run's `policy-init/` (ma
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-
 from dart_jax.rundir import MetricsWriter, RunDir
 from rollout_gpu import worker
-
-
-def policy_dir(cfg, run: RunDir) -> Path:
-    path = Path(cfg.policy.hf_dir) if cfg.policy.hf_dir else run.root / "policy-init"
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"no policy at {path}: set policy.hf_dir or start the run with `dart-jax run`")
-    return path
 
 
 def main(cfg, run: RunDir) -> int:
@@ -27,7 +18,7 @@ def main(cfg, run: RunDir) -> int:
     env_wires = cfg.rollout.env_servers or (cfg.envs.wire,)
     metrics = MetricsWriter(run.metrics_path(f"rollout-{cfg.rollout.worker_id}"))
     try:
-        asyncio.run(worker.serve(cfg.rollout, policy_dir(cfg, run), cfg.data.wire, env_wires, cfg.weights, metrics))
+        asyncio.run(worker.serve(cfg.rollout, run.policy_dir(cfg.policy.hf_dir), cfg.data.wire, env_wires, cfg.weights, metrics))
     finally:
         metrics.close()
     return 0

@@ -13,7 +13,9 @@ from typing import Literal
 
 from dart_jax.config.loader import bounded
 from dart_jax.data.config import DataManagerConfig
+from dart_jax.run.plan import PlanConfig
 from dart_jax.run.tasks import JobConfig
+from dart_jax.run.tpu import TPUConfig
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.main import TrainRunConfig
 from dart_jax.wire.weights import WeightSyncConfig
@@ -82,6 +84,8 @@ class RunConfig:
     rollout: RolloutConfig = RolloutConfig()
     weights: WeightSyncConfig = WeightSyncConfig()
     job: JobConfig = JobConfig()
+    plan: PlanConfig = PlanConfig()  # `dart-jax plan`: model shape, chip, screenshots
+    tpu: TPUConfig = TPUConfig()  # `dart-jax tpu`: the Cloud TPU slice of the trainer
 
     def __post_init__(self) -> None:
         if self.weights.dtype != self.rollout.engine.dtype:

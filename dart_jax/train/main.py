@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 from dart_jax.config.loader import bounded
 from dart_jax.rundir import MetricsWriter, RunDir
@@ -24,18 +23,7 @@ class TrainRunConfig:
     """How long the trainer runs and on what. Paths are relative to the run directory."""
     steps: int = bounded(100, ge=1)  # optimizer updates in total (a resumed run counts on)
     sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
-    policy_dir: str = ""  # the starting policy; "" = the run config's policy
     export: bool = True
-
-
-def policy_dir(cfg, run: RunDir) -> Path:
-    """The starting policy: train.policy_dir, else policy.hf_dir, else the run's policy-init/."""
-    path = Path(cfg.train.policy_dir or cfg.policy.hf_dir or run.root / "policy-init")
-    if not path.is_absolute() and cfg.train.policy_dir:
-        path = run.root / path
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"no policy at {path}: set policy.hf_dir or start the run with `dart-jax run`")
-    return path
 
 
 def main(cfg, run: RunDir) -> dict:
@@ -48,7 +36,7 @@ def main(cfg, run: RunDir) -> dict:
     from dart_jax.train.publish import WeightPublisher
     from dart_jax.train.trainer import Trainer
 
-    hf_dir, tcfg = policy_dir(cfg, run), cfg.trainer
+    hf_dir, tcfg = run.policy_dir(cfg.policy.hf_dir), cfg.trainer
     collator = Collator.from_pretrained(hf_dir, BucketSpec(tcfg.buckets.seq_lens, tcfg.buckets.num_slots,
                                                            tcfg.buckets.rows))
     trainer = Trainer(tcfg, hf_dir)
