@@ -1,5 +1,6 @@
-"""The `dart-jax` command: one subcommand per role or job.
+"""The `dart-jax` command: one subcommand per role or job; each calls one function.
 
+    dart-jax run configs/local.yaml                 # a whole run (what `make run` runs)
     dart-jax config show configs/local.yaml trainer.optimizer.lr=1e-5
     dart-jax keys keys/ trainer
 
@@ -69,13 +70,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_local(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     import json
     from dart_jax import logs
-    from dart_jax.jobs import local
+    from dart_jax.run import main
     cfg = _load_run_config(args)
-    logs.setup("local", Path(cfg.run.root) / cfg.run.name / "logs" / "local.log", cfg.run.log_level)
-    print(json.dumps(local.run(cfg)))
+    logs.setup("run", Path(cfg.run.root) / cfg.run.name / "logs" / "run.log", cfg.run.log_level)
+    try:
+        print(json.dumps(main.run(cfg)))
+    except main.RunFailed as e:
+        print(f"dart-jax: run stopped: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+    from dart_jax.run import evaluate
+    cfg, run = _role_setup(args, f"eval-{args.label}")
+    print(json.dumps(evaluate.main(cfg, run, args.policy, args.label)))
     return 0
 
 
@@ -173,8 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
                  ).set_defaults(fn=cmd_rollout)
     _with_config(sub.add_parser("train", help="the trainer: SFT on trajectory files or RL on curated batches")
                  ).set_defaults(fn=cmd_train)
-    _with_config(sub.add_parser("local", help="the local default job: every role on this machine")
-                 ).set_defaults(fn=cmd_local)
+    _with_config(sub.add_parser("run", help="a whole run: every role its own process, phase after phase")
+                 ).set_defaults(fn=cmd_run)
+    ev = _with_config(sub.add_parser("eval", help="held-out success of a policy (Wilson intervals)"))
+    ev.add_argument("--policy", type=Path, help="a Hugging Face directory or a checkpoints/ directory "
+                                                "(default: the config's policy)")
+    ev.add_argument("--label", default="eval", help="names the result: runs/<name>/eval/LABEL.json")
+    ev.set_defaults(fn=cmd_eval)
     keys = sub.add_parser("keys", help="generate a CURVE key pair for authenticated links")
     keys.add_argument("directory", type=Path)
     keys.add_argument("name")

@@ -13,6 +13,7 @@ from typing import Literal
 
 from dart_jax.config.loader import bounded
 from dart_jax.data.config import DataManagerConfig
+from dart_jax.run.evaluate import EvalConfig
 from dart_jax.run.plan import PlanConfig
 from dart_jax.run.tasks import JobConfig
 from dart_jax.run.tpu import TPUConfig
@@ -71,6 +72,32 @@ class PolicySection:
     run builds a tiny Qwen2.5-VL-shaped policy with its own tokenizer (no download)."""
     hf_dir: str = ""
     tiny_seed: int = bounded(0, ge=0)
+    tiny: dict[str, float] = dataclasses.field(default_factory=dict)  # TinySpec sizes (text_layers: 4, ...)
+
+    def tiny_dict(self) -> dict:
+        """`tiny` as TinySpec arguments (whole numbers where the spec takes ints)."""
+        from dart_jax.models.tiny import TinySpec
+        kinds = {f.name: f.type for f in dataclasses.fields(TinySpec)}
+        unknown = sorted(set(self.tiny) - set(kinds))
+        if unknown:
+            raise ValueError(f"policy.tiny: unknown sizes {unknown}")
+        return {k: int(v) if kinds[k] in (int, "int") else v for k, v in self.tiny.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """The `sft` phase: supervised steps on the demonstrations before RL (its optimizer;
+    everything else as the trainer section says)."""
+    steps: int = bounded(60, ge=1)
+    lr: float = bounded(1e-3, gt=0)
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    warmup_steps: int = bounded(0, ge=0)
+
+    def trainer(self, base: TrainerConfig) -> TrainerConfig:
+        optimizer = dataclasses.replace(base.optimizer, lr=self.lr, schedule=self.schedule,
+                                        warmup_steps=self.warmup_steps, total_steps=self.steps)
+        checkpoint = dataclasses.replace(base.checkpoint, every_steps=self.steps)
+        return dataclasses.replace(base, mode="sft", optimizer=optimizer, checkpoint=checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +111,8 @@ class RunConfig:
     rollout: RolloutConfig = RolloutConfig()
     weights: WeightSyncConfig = WeightSyncConfig()
     job: JobConfig = JobConfig()
+    sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
     plan: PlanConfig = PlanConfig()  # `dart-jax plan`: model shape, chip, screenshots
     tpu: TPUConfig = TPUConfig()  # `dart-jax tpu`: the Cloud TPU slice of the trainer
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dart_jax.agent.prompt import PromptBuilder
-from dart_jax.jobs import demos
+from dart_jax.run import demos
 from dart_jax.models.tiny import make_tiny_hf_dir
 from dart_jax.wire import WireConfig
 from dart_jax.wire.messages import TaskSpec

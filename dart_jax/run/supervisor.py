@@ -1,0 +1,204 @@
+"""The supervisor of a run: every role as its own process, from the placement table.
+
+    with Supervisor(cfg, run) as sup:
+        sup.start({"data-manager", "env-server"})    # waits until each answers Ping
+        sup.start({"rollout", "trainer"}, cfg=rl_cfg)
+        sup.wait_done("trainer", on_tick=view.update)   # until the trainer exits 0
+    # leaving the block stops every process it started (SIGTERM, then SIGKILL)
+
+Each instance gets its own config file (runs/<name>/roles/<instance>.yaml: the run config
+with that instance's worker id and endpoints) and a launcher (`local` processes here;
+`ray` actors on a cluster). Watching: processes are polled, servers (data manager, env
+servers) are pinged every `run.heartbeat_s` and one that misses three pings in a row is
+killed. A dead instance is started again after a backoff (1, 2, 4 .. 30 s), from its durable
+state (a trainer resumes from its last checkpoint, a data manager reopens its store); one
+that dies more than `max_restarts` times stops the run with one message naming it and its
+log. A trainer that exits 0 has finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from dart_jax.config import dump
+from dart_jax.rundir import RunDir
+from dart_jax.run.launch import Instance, LocalLauncher, Process
+from dart_jax.run.schema import RoleSpec, RunConfig
+from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
+from dart_jax.wire.messages import Ping
+
+log = logging.getLogger(__name__)
+SERVERS = ("data-manager", "env-server")
+ORDER = ("data-manager", "env-server", "trainer", "rollout")  # start order; stop in reverse
+MISSES = 3
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on; the message names the role and its log."""
+
+
+@dataclasses.dataclass
+class Member:
+    instance: Instance
+    spec: RoleSpec
+    ping: WireConfig | None
+    process: Process | None = None
+    restarts: int = 0
+    restart_at: float = 0.0
+    misses: int = 0
+    done: bool = False
+
+
+def instance_configs(cfg: RunConfig, role: str, count: int) -> list[RunConfig]:
+    """The config of each instance of `role`: env servers on endpoints of their own, rollout
+    workers with their own ids and every env server's endpoint."""
+    envs = env_wires(cfg)
+    if role == "env-server":
+        return [dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, wire=w)) for w in envs]
+    if role == "rollout":
+        servers = cfg.rollout.env_servers or tuple(envs)
+        return [dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, worker_id=f"rollout-{i}",
+                                                                     env_servers=servers)) for i in range(count)]
+    return [cfg] * count
+
+
+def env_wires(cfg: RunConfig) -> list[WireConfig]:
+    """The endpoint of each env server of the placement: the configured one, then the next ports."""
+    count = sum(s.count for s in cfg.run.placement if s.role == "env-server") or 1
+    return [dataclasses.replace(cfg.envs.wire, endpoint=_nth_endpoint(cfg.envs.wire.endpoint, i)) for i in range(count)]
+
+
+def _nth_endpoint(endpoint: str, i: int) -> str:
+    if i == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint.rpartition(":")
+        return f"{host}:{int(port) + i}"
+    return f"{endpoint}.{i}"
+
+
+class Supervisor:
+    def __init__(self, cfg: RunConfig, run: RunDir, launchers: dict | None = None):
+        self.cfg, self.run = cfg, run
+        self.launchers = launchers or {"local": LocalLauncher()}
+        self.members: list[Member] = []
+        self._last_ping = 0.0
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- starting
+    def start(self, roles: Iterable[str], cfg: RunConfig | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        """Start every instance of `roles` from the placement table (with `cfg`, default the
+        run's); wait until the servers among them answer Ping."""
+        cfg = cfg or self.cfg
+        roles = set(roles)
+        for spec in sorted((s for s in cfg.run.placement if s.role in roles), key=lambda s: ORDER.index(s.role)):
+            for i, icfg in enumerate(instance_configs(cfg, spec.role, spec.count)):
+                name = spec.role if spec.count == 1 else f"{spec.role}-{i}"
+                config = self.run.root / "roles" / f"{name}.yaml"
+                config.parent.mkdir(exist_ok=True)
+                config.write_text(dump(icfg))
+                ping = icfg.data.wire if spec.role == "data-manager" else icfg.envs.wire if spec.role == "env-server" else None
+                member = Member(Instance(name, spec.role, config, self.run.log_path(f"{name}.out"), extra_args), spec, ping)
+                self._launch(member)
+                self.members.append(member)
+        for member in self.members:
+            if member.instance.role in roles and member.ping is not None:
+                self._wait_ready(member)
+
+    def _launch(self, member: Member) -> None:
+        member.process = self.launchers[member.spec.launcher].start(member.instance)
+        member.misses = 0
+        log.info("started %s (%s)", member.instance.name, member.spec.launcher)
+
+    def _wait_ready(self, member: Member) -> None:
+        deadline = time.monotonic() + self.cfg.run.ready_timeout_s
+        with Client(dataclasses.replace(member.ping, timeout_s=1.0)) as client:
+            while time.monotonic() < deadline:
+                if (code := member.process.exit_code()) is not None:
+                    raise RunFailed(f"{member.instance.name} exited with code {code} before it was ready "
+                                    f"(see {member.instance.log})")
+                try:
+                    client.request(Ping())
+                    return
+                except (WireTimeout, RemoteError):
+                    continue
+        raise RunFailed(f"{member.instance.name} did not answer within {self.cfg.run.ready_timeout_s:.0f} s "
+                        f"(see {member.instance.log})")
+
+    # -- watching
+    def poll(self) -> None:
+        """One round of watching: restart the dead, kill the silent."""
+        now = time.monotonic()
+        ping = now - self._last_ping >= self.cfg.run.heartbeat_s
+        self._last_ping = now if ping else self._last_ping
+        for member in self.members:
+            if member.done:
+                continue
+            code = member.process.exit_code() if member.process is not None else None
+            if member.process is not None and code is None:
+                if ping and member.ping is not None:
+                    self._heartbeat(member)
+                continue
+            if member.process is not None:
+                self._died(member, code)
+            elif now >= member.restart_at:
+                self._launch(member)
+
+    def _heartbeat(self, member: Member) -> None:
+        try:
+            with Client(dataclasses.replace(member.ping, timeout_s=min(2.0, self.cfg.run.heartbeat_s))) as client:
+                client.request(Ping())
+            member.misses = 0
+        except (WireTimeout, RemoteError):
+            member.misses += 1
+            if member.misses >= MISSES:
+                log.warning("%s missed %d heartbeats: killing it", member.instance.name, MISSES)
+                member.process.kill()
+
+    def _died(self, member: Member, code: int) -> None:
+        name = member.instance.name
+        if code == 0 and member.instance.role == "trainer":
+            member.done = True
+            log.info("%s finished", name)
+            return
+        if member.restarts >= member.spec.max_restarts:
+            raise RunFailed(f"{name} died {member.restarts + 1} times (last exit code {code}); the run stops "
+                            f"(see {member.instance.log})")
+        delay = min(30.0, 2.0 ** member.restarts)
+        member.restarts += 1
+        member.process, member.restart_at = None, time.monotonic() + delay
+        log.warning("%s exited with code %s; restart %d of %d in %.0f s (see %s)", name, code, member.restarts,
+                    member.spec.max_restarts, delay, member.instance.log)
+
+    def wait_done(self, role: str, on_tick: Callable[[], None] | None = None, period_s: float = 1.0) -> None:
+        """Watch everything until every instance of `role` has finished (exit code 0)."""
+        while not all(m.done for m in self.members if m.instance.role == role):
+            self.poll()
+            if on_tick is not None:
+                on_tick()
+            time.sleep(period_s)
+
+    # -- stopping
+    def stop(self, roles: Iterable[str] | None = None) -> None:
+        """Stop the instances of `roles` (default: all), the last-started roles first."""
+        roles = set(ORDER if roles is None else roles)
+        for member in sorted((m for m in self.members if m.instance.role in roles),
+                             key=lambda m: -ORDER.index(m.instance.role)):
+            if member.process is not None:
+                member.process.stop()
+        self.members = [m for m in self.members if m.instance.role not in roles]
+
+    def restarts(self) -> dict[str, int]:
+        return {m.instance.name: m.restarts for m in self.members}
+
+    def log_of(self, name: str) -> Path:
+        return next(m.instance.log for m in self.members if m.instance.name == name)
