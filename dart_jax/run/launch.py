@@ -21,17 +21,20 @@ from pathlib import Path
 from typing import Protocol
 
 
+COMMANDS = {"data-manager": "data-manager", "env-server": "env-server", "rollout": "rollout", "trainer": "train"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Instance:
     """One process of a role: `dart-jax ROLE CONFIG`, output appended to `log`."""
     name: str  # "rollout-1"
-    role: str  # the dart-jax subcommand
+    role: str  # a role of the placement table
     config: Path
     log: Path
     extra_args: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "dart_jax.cli", self.role, str(self.config), *self.extra_args]
+        return [sys.executable, "-m", "dart_jax.cli", COMMANDS[self.role], str(self.config), *self.extra_args]
 
 
 class Process(Protocol):

@@ -13,7 +13,8 @@ servers) are pinged every `run.heartbeat_s` and one that misses three pings in a
 killed. A dead instance is started again after a backoff (1, 2, 4 .. 30 s), from its durable
 state (a trainer resumes from its last checkpoint, a data manager reopens its store); one
 that dies more than `max_restarts` times stops the run with one message naming it and its
-log. A trainer that exits 0 has finished.
+log; one that exits with code 2 (a bad config) stops it at once. A trainer that exits 0 has
+finished.
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ class Supervisor:
             member.done = True
             log.info("%s finished", name)
             return
+        if code == 2:  # the CLI's exit code for a bad config or argument: a restart cannot help
+            raise RunFailed(f"{name} refused its config (exit code 2; see {member.instance.log})")
         if member.restarts >= member.spec.max_restarts:
             raise RunFailed(f"{name} died {member.restarts + 1} times (last exit code {code}); the run stops "
                             f"(see {member.instance.log})")
