@@ -1,59 +1,72 @@
 """What `dart-jax run` shows while the roles run, and what it draws at the end.
 
-`Watcher.tick()` (the supervisor calls it about once a second) reads the run's records and
-the data manager's statistics and updates the view (dart_jax.run.view: a live terminal
-panel, or a line every few seconds where stdout is not a terminal); `plots()` renders the
-run's PNGs (dart_jax.run.plots).
+The supervisor calls `Watcher.tick()` about once a second: every `period_s` it reads what
+the run recorded since the last time (dart_jax.run.records), asks the data manager for
+its statistics and the env servers for theirs, and updates the view (dart_jax.run.view: a
+live panel on a terminal, a line every few seconds elsewhere). `plots()` renders the
+run's PNGs (dart_jax.run.plots) from the same records.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
+import contextlib
+import dataclasses
 import time
 from pathlib import Path
 
-from dart_jax.rundir import RunDir
-from dart_jax.wire import Client, RemoteError, WireTimeout
-from dart_jax.wire.messages import DataStats, StatsRequest
+from rich.console import Console
 
-log = logging.getLogger(__name__)
+from dart_jax.rundir import RunDir
+from dart_jax.run.plots import render
+from dart_jax.run.records import RunReader
+from dart_jax.run.supervisor import env_wires
+from dart_jax.run.view import LiveView, snapshot
+from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
+from dart_jax.wire.messages import DataStats, EnvStats, EnvStatsRequest, StatsRequest
+
+
+ENV_WINDOW_S = 60.0
 
 
 class Watcher:
-    def __init__(self, cfg, run: RunDir, period_s: float = 5.0):
+    def __init__(self, cfg, run: RunDir, period_s: float = 2.0):
         self.cfg, self.run, self.period_s = cfg, run, period_s
-        self._last = 0.0
+        self.reader = RunReader(run.root, cfg.data.store.db_path)
+        self.envs = env_wires(cfg)
+        self.slots = [f"{w.endpoint}#{i}" for w in self.envs for i in range(sum(s.count for s in cfg.envs.slots))]
+        self.workers = [f"rollout-{i}" for s in cfg.run.placement if s.role == "rollout" for i in range(s.count)]
+        console = Console(force_terminal=False) if cfg.run.view == "lines" else None
+        self.view = LiveView(cfg.train.steps, console=console) if cfg.run.view != "off" else None
+        self._stack = contextlib.ExitStack()
+        if self.view is not None:
+            self._stack.enter_context(self.view)
+        self._last = self._env_window = 0.0
 
     def tick(self) -> None:
-        if self.cfg.run.view == "off" or time.monotonic() - self._last < self.period_s:
+        if self.view is None or time.monotonic() - self._last < self.period_s:
             return
         self._last = time.monotonic()
-        stats = self._stats()
-        step = _last_record(self.run.metrics_path("trainer"))
-        line = f"step {step.get('step', 0)}/{self.cfg.train.steps} version {step.get('policy/version', 0):.0f}"
-        if stats is not None:
-            line += f" | trajectories {stats.trajectories} batches {stats.batches} latest version {stats.latest_version}"
-        print(line, file=sys.stderr, flush=True)
-
-    def _stats(self) -> DataStats | None:
-        try:
-            with Client(self.cfg.data.wire) as client:
-                reply = client.request(StatsRequest(), timeout_s=2.0)
-            return reply if isinstance(reply, DataStats) else None
-        except (WireTimeout, RemoteError):
-            return None
+        records = self.reader.refresh()
+        stats = _ask(self.cfg.data.wire, StatsRequest(), DataStats)
+        new_window = time.monotonic() - self._env_window >= ENV_WINDOW_S  # env slots: the last minute
+        self._env_window = self._last if new_window else self._env_window
+        envs = [s for w in self.envs if (s := _ask(w, EnvStatsRequest(reset=new_window), EnvStats)) is not None]
+        self.view.update(snapshot(records, stats, envs, now=time.time(), num_slots=len(self.slots),
+                                  workers=self.workers))
 
     def plots(self) -> list[Path]:
-        return []
+        return render(self.run.root, slots=self.slots, records=self.reader.refresh())
 
     def close(self) -> None:
-        pass
+        self._stack.close()
+        self.reader.close()
 
 
-def _last_record(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    lines = path.read_text().splitlines()
-    return json.loads(lines[-1]) if lines else {}
+def _ask(wire: WireConfig, request, kind):
+    """The server's answer, or None when it is not there right now (restarting)."""
+    try:
+        with Client(dataclasses.replace(wire, timeout_s=2.0)) as client:
+            reply = client.request(request)
+        return reply if isinstance(reply, kind) else None
+    except (WireTimeout, RemoteError):
+        return None

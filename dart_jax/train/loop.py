@@ -38,6 +38,7 @@ def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publishe
         started, before = time.time(), trainer.step
         metrics = trainer.update_rl(batch, collator)
         flush(pending, log)
+        jax.block_until_ready(trainer.state)  # the update's own time ends here, not in the publish
         published = time.time()
         trainer.policy_version = publisher.publish(trainer.state.params)
         pending = (trainer.step, metrics, {
