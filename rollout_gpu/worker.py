@@ -76,8 +76,12 @@ class Work:
     async def next(self) -> Rollout:
         async with self._lock:
             while not self.queue:
-                reply = await self.dm.request(TaskRequest(worker_id=self.cfg.worker_id, session=self.session,
-                                                          policy_version=self.engine.version))
+                try:
+                    reply = await self.dm.request(TaskRequest(worker_id=self.cfg.worker_id, session=self.session,
+                                                              policy_version=self.engine.version))
+                except WireTimeout:  # the data manager is restarting: ask again
+                    log.warning("no answer to a task request; asking again")
+                    continue
                 if isinstance(reply, NoTask):
                     await asyncio.sleep(reply.retry_after_s)
                 elif isinstance(reply, TaskAssignment):

@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dart_jax.data.pool import read_trajectories
 from dart_jax.train.batch import Bucket, Collator, StepShape, TrainBatch, dense_ids
-from dart_jax.wire import Client, WireConfig
+from dart_jax.wire import Client, WireConfig, WireTimeout
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch, Step, Trajectory
 
 log = logging.getLogger(__name__)
@@ -214,8 +214,14 @@ class DataManagerSource:
         deadline = None if self.max_wait_s is None else time.monotonic() + self.max_wait_s
         self._client = self._client or Client(self.wire)
         while True:
-            reply = self._client.request(BatchRequest(trainer_version=self.trainer_version,
-                                                      after_batch_id=self.after_batch_id))
+            try:
+                reply = self._client.request(BatchRequest(trainer_version=self.trainer_version,
+                                                          after_batch_id=self.after_batch_id))
+            except WireTimeout:  # the data manager is restarting; the request is idempotent
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+                log.warning("no answer to a batch request; asking again")
+                continue
             if isinstance(reply, CuratedBatch):
                 return reply
             if not isinstance(reply, NoBatch):

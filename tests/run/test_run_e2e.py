@@ -1,0 +1,95 @@
+"""`dart-jax run` as a user runs it: every role its own process, the whole decoupled loop,
+and each role killed once (kill -9) while it runs.
+
+One run (configs/rl.yaml made small): the experience pool from oracle demonstrations, one
+vLLM CPU rollout worker, synthetic env slots, the data manager and the RL trainer. While it
+runs, the env server, the rollout worker, the data manager and the trainer are each
+SIGKILLed once, one after another as the trainer publishes versions. The run must finish
+with every role restarted, no acknowledged trajectory lost or duplicated, every published
+version reaching the worker, and the plots on disk.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 6
+
+
+def _overrides(tmp: Path) -> list[str]:
+    sock = lambda name: f"ipc://{tmp}/{name}.sock"  # noqa: E731: no port another test could hold
+    return [f"run.root={tmp}", "run.name=e2e", "run.view=lines", "run.heartbeat_s=1",
+            f"envs.wire.endpoint={sock('envs')}", f"data.wire.endpoint={sock('dm')}",
+            f"weights.announce.endpoint={sock('announce')}", f"weights.serve.endpoint={sock('weights')}",
+            "envs.slots=[{type: synthetic, count: 4}]",
+            "job.suites=[{backend: synthetic, names: [click-button, enter-text], train_seeds: 3, eval_seeds: 1}]",
+            "data.curation.tasks_per_batch=2", "data.curation.default_max_steps=3", "data.curation.max_steps=3",
+            "rollout.episodes=4", "rollout.sampling.max_tokens=24", "rollout.engine.max_model_len=4096",
+            "trainer.buckets.seq_lens=[1024, 2048]", "trainer.buckets.num_slots=[2048, 4096]",
+            "trainer.checkpoint.every_steps=1", f"train.steps={STEPS}"]
+
+
+def _role_pid(run: Path, role: str) -> int:
+    config = str(run / "roles" / f"{role}.yaml")
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if config in (proc.info["cmdline"] or []):
+            return proc.info["pid"]
+    raise LookupError(f"no process runs {config}")
+
+
+def _version(run: Path) -> int:
+    path = run / "metrics" / "trainer.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return max((json.loads(line).get("policy/version", 0) for line in lines), default=0)
+
+
+def _kill_when(run: Path, proc, version: int, role: str) -> None:
+    deadline = time.monotonic() + 900
+    while _version(run) < version:
+        assert proc.poll() is None, f"the run ended early: {proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"no version {version} in 900 s"
+        time.sleep(1)
+    os.killpg(_role_pid(run, role), signal.SIGKILL)  # the role and its children (a worker's engine)
+
+
+def test_the_whole_loop_survives_each_role_killed_once(tmp_path):
+    run = tmp_path / "e2e"
+    proc = subprocess.Popen([sys.executable, "-m", "dart_jax.cli", "run", "configs/rl.yaml", *_overrides(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for version, role in ((1, "env-server"), (2, "rollout"), (3, "data-manager"), (4, "trainer")):
+            _kill_when(run, proc, version, role)
+        out, err = proc.communicate(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+    assert proc.returncode == 0, err[-4000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["rl_steps"] == STEPS and summary["policy_versions"] >= STEPS
+    assert summary["restarts"] == {"env-server": 1, "rollout": 1, "data-manager": 1, "trainer": 1}
+    assert all(Path(p).stat().st_size > 10_000 for p in summary["plots"])
+    # nothing acknowledged was lost or stored twice
+    import sqlite3
+    db = sqlite3.connect(f"file:{run / 'data' / 'store.sqlite'}?mode=ro", uri=True)
+    stored = [r[0] for r in db.execute("SELECT traj_id FROM trajectories")]
+    acked = [json.loads(line)["traj"] for line in (run / "metrics" / "rollout-rollout-0.jsonl").read_text().splitlines()
+             if '"traj"' in line]
+    assert acked and set(acked) <= set(stored) and len(stored) == len(set(stored))
+    # the worker took the trainer's versions (the ones published while it was up)
+    synced = {json.loads(line)["sync_version"] for line in
+              (run / "metrics" / "rollout-rollout-0.jsonl").read_text().splitlines() if "sync_version" in line}
+    assert len(synced) >= STEPS - 2
+    batches = db.execute("SELECT count(*) FROM batches").fetchone()[0]
+    assert batches >= STEPS
+    for role in ("env-server", "rollout", "data-manager", "trainer"):
+        assert f"{role} exited with code -9" in err, role
