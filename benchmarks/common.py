@@ -35,7 +35,7 @@ async def running_worker(stack, engine, worker_id: str = "bench", **rollout):
     from dart_jax.agent.prompt import PromptBuilder
     from rollout_gpu.worker import Worker
     cfg = stack.worker_config(worker_id)
-    worker = Worker(dataclasses.replace(cfg.rollout, **rollout), engine, PromptBuilder.from_pretrained(stack.hf_dir),
+    worker = Worker(dataclasses.replace(cfg.rollout, **rollout), engine, PromptBuilder.from_pretrained(stack.hf_dir, cfg.rollout.prompt),
                     cfg.data.wire, [cfg.envs.wire], cfg.weights)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))

@@ -19,6 +19,7 @@ from typing import Literal
 
 import msgspec
 
+from dart_jax.agent.prompt import PromptConfig
 from dart_jax.config import bounded
 from dart_jax.wire.config import WireConfig
 from dart_jax.wire.messages import Id
@@ -76,6 +77,7 @@ class RolloutConfig:
     env_servers: tuple[WireConfig, ...] = ()
     engine: EngineConfig = EngineConfig()
     sampling: SamplingConfig = SamplingConfig()
+    prompt: PromptConfig = PromptConfig()  # UI-TARS: the last 5 screenshots, 35 responses
     heartbeat_s: float = bounded(5.0, gt=0)
     submit_retry_s: float = bounded(1.0, gt=0)  # first wait before resubmitting (doubles, <= 30 s)
     acquire_wait_s: float = bounded(600.0, gt=0)  # an env slot of the task's backend

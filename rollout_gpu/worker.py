@@ -265,7 +265,7 @@ async def serve(cfg: RolloutConfig, hf_dir: Path, dm_wire: WireConfig, env_wires
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     engine = await Engine.start(hf_dir, cfg.engine, cfg.sampling)
     try:
-        worker = Worker(cfg, engine, PromptBuilder.from_pretrained(hf_dir), dm_wire, env_wires, weights, metrics)
+        worker = Worker(cfg, engine, PromptBuilder.from_pretrained(hf_dir, cfg.prompt), dm_wire, env_wires, weights, metrics)
         log.info("rollout worker %s (session %s): %d episodes at once", cfg.worker_id, worker.session, cfg.episodes)
         await worker.run(stop)
     finally:

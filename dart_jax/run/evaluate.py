@@ -126,7 +126,7 @@ async def evaluate(run_cfg, policy_dir: Path, tasks: Sequence[TaskSpec]) -> list
     engine = await Engine.start(policy_dir, run_cfg.rollout.engine, run_cfg.rollout.sampling)
     envs = EnvPool(run_cfg.rollout.env_servers or env_wires(run_cfg), "eval")
     try:
-        return await play(engine, PromptBuilder.from_pretrained(policy_dir), envs, plan(tasks, run_cfg.eval),
+        return await play(engine, PromptBuilder.from_pretrained(policy_dir, run_cfg.rollout.prompt), envs, plan(tasks, run_cfg.eval),
                           run_cfg.eval, run_cfg.rollout.sampling.temperature)
     finally:
         await envs.aclose()

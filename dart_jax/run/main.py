@@ -61,7 +61,7 @@ def demos_phase(cfg: RunConfig, run: RunDir, policy: Path) -> dict:
     start = time.monotonic()
     tasks = cfg.job.tasks()
     split = {t.task_id: t.split for t in tasks}
-    trajs = asyncio.run(demos.collect(env_wires(cfg)[0], tasks, PromptBuilder.from_pretrained(policy),
+    trajs = asyncio.run(demos.collect(env_wires(cfg)[0], tasks, PromptBuilder.from_pretrained(policy, cfg.rollout.prompt),
                                       max_steps=cfg.job.demo_max_steps, concurrency=cfg.job.demo_concurrency))
     train = [t for t in trajs if t.status == "success" and split[t.task_id] == "train"]
     write_trajectories(run.data / "demos", train, "traj")

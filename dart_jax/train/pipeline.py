@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dart_jax.data.pool import read_trajectories
 from dart_jax.train.batch import Bucket, Collator, StepShape, TrainBatch, dense_ids
-from dart_jax.wire import Client, WireConfig, WireTimeout
+from dart_jax.wire import Client, WireConfig, WireTimeout, from_bytes, to_bytes
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch, Step, Trajectory
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,9 @@ class DataManagerSource:
     `next()` asks for the batch after the last consumed one with `BatchRequest`, waiting
     `retry_after_s` on each NoBatch (up to `max_wait_s`, then TimeoutError; None: forever).
     Set `trainer_version` before each `next()`: the data manager curates for it (staleness).
+    On a multi-host trainer only process 0 talks to the data manager; it broadcasts the
+    batch (its msgpack bytes) to the others, and every host plans the same microbatches
+    and builds its own rows of them.
     """
 
     def __init__(self, wire: WireConfig, collator: Collator, *, keep: StepFilter = every_step,
@@ -204,7 +207,10 @@ class DataManagerSource:
         return self
 
     def __next__(self) -> RLBatch:
-        batch = self._fetch()
+        index, count = self.shard
+        batch = self._fetch() if index == 0 else None
+        if count > 1:
+            batch = broadcast_batch(batch)
         if batch.batch_id != self.after_batch_id + 1:
             raise RuntimeError(f"asked for the batch after {self.after_batch_id}, got {batch.batch_id}")
         self.after_batch_id = batch.batch_id
@@ -241,6 +247,16 @@ class DataManagerSource:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def broadcast_batch(batch: CuratedBatch | None) -> CuratedBatch:
+    """Process 0's batch on every process (the others pass None): its bytes, their length
+    first, through JAX's own cross-process broadcast."""
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(to_bytes(batch), np.uint8) if batch is not None else np.zeros(0, np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int64(len(data))))
+    data = data if batch is not None else np.zeros(size, np.uint8)
+    return from_bytes(np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes(), CuratedBatch)
 
 
 def batch_specs(batch: TrainBatch, axes: tuple[str, ...] = ("data", "fsdp")) -> TrainBatch:

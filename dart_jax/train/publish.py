@@ -51,8 +51,11 @@ class WeightPublisher:
     def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *,
                  state_file: Path | None = None, serve: bool | None = None):
         self.cfg, self.model_config, self.state_file = cfg, model_config, state_file
-        self.version = _read_version(state_file)
         self.serving = jax.process_index() == 0 if serve is None else serve
+        self.version = _read_version(state_file) if self.serving else 0
+        if jax.process_count() > 1:  # process 0's record holds (other hosts may not see the file)
+            from jax.experimental import multihost_utils
+            self.version = int(multihost_utils.broadcast_one_to_all(np.int64(self.version)))
         self._versions: OrderedDict[int, tuple[WeightAnnounce, list[np.ndarray]]] = OrderedDict()
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -8,71 +8,36 @@ so B's steps after its checkpoint see A's batches.
 """
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-import numpy as np
 import pytest
 
 from dart_jax.config import dump
-from dart_jax.data.config import CurationConfig, DataManagerConfig, TaskEntry, TaskSourceConfig
-from dart_jax.data.service import serve
 from dart_jax.run.schema import PolicySection, RunConfig, RunSection
 from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfig, TrainerConfig
 from dart_jax.train.main import TrainRunConfig
-from dart_jax.wire import Client, WireConfig
-from dart_jax.wire.messages import Step, SubmitTrajectory, Trajectory
+from dart_jax.wire import WireConfig
 from dart_jax.wire.weights import WeightSyncConfig
+from tests.train import dm_store
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY = 6, 2
-TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
-
-
-def _rollout(rng, traj_id: str, task_id: str, success: bool) -> Trajectory:
-    steps = [Step(prompt_ids=rng.integers(10, 500, int(rng.integers(20, 120))).astype(np.int32),
-                  response_ids=(r := rng.integers(10, 500, int(rng.integers(4, 30))).astype(np.int32)),
-                  logprobs=-rng.random(len(r), dtype=np.float32) * 5, image_refs=[], policy_version=0,
-                  response_text="x") for _ in range(int(rng.integers(1, 3)))]
-    return Trajectory(traj_id=traj_id, task_id=task_id, steps=steps, screenshots=[], reward=float(success),
-                      status="success" if success else "failure")
-
-
-def _dm_config(ipc: str) -> DataManagerConfig:
-    # every rollout stays fresh: the trainers' version numbers differ after a restart
-    curation = CurationConfig(tasks_per_batch=2, group_size=4, max_staleness=1000)
-    return DataManagerConfig(wire=WireConfig(endpoint=ipc), curation=curation, tasks=TaskSourceConfig(tasks=TASKS))
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A data manager's run directory holding 48 rollouts (enough for every batch of both runs)."""
     root = tmp_path_factory.mktemp("store")
-    stop = threading.Event()
-    cfg = _dm_config(f"ipc://{root}/dm.sock")
-    thread = threading.Thread(target=serve, args=(cfg, root, stop), daemon=True)
-    thread.start()
-    rng = np.random.default_rng(0)
-    with Client(cfg.wire) as client:
-        for i in range(48):
-            client.request(SubmitTrajectory(trajectory=_rollout(rng, f"r{i}", f"t{i % 2}", success=i % 3 == 0)),
-                           timeout_s=60)
-    stop.set()
-    thread.join()
+    dm_store.fill(root)
     return root
 
 
 def _start(tmp_path, name: str, store, tiny_dir):
     """A data manager on a copy of `store`, and the config of a trainer against it."""
     root = tmp_path / name
-    shutil.copytree(store, root, ignore=shutil.ignore_patterns("*.sock"))
-    stop = threading.Event()
-    dm = _dm_config(f"ipc://{root}/dm.sock")
-    threading.Thread(target=serve, args=(dm, root, stop), daemon=True).start()
+    dm, stop = dm_store.serve_copy(store, root)
     loop = WireConfig(endpoint="tcp://127.0.0.1:0")
     cfg = RunConfig(run=RunSection(name=name, root=str(tmp_path)), policy=PolicySection(hf_dir=str(tiny_dir)),
                     data=dm, weights=WeightSyncConfig(announce=loop, serve=loop),

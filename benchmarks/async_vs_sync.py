@@ -1,0 +1,96 @@
+"""Decoupled (async) vs synchronous training, the same system in both modes, one invocation.
+
+    .venv/bin/python -m benchmarks.async_vs_sync [--steps 8] [--median-s 2] [--sigma 1.2]
+
+Each mode is a whole `dart-jax run` (phases demos, rl) with the same processes (a data
+manager, one env server with `--slots` synthetic slots, one vLLM CPU rollout worker with
+`--episodes` episodes, the JAX trainer), the same policy, tasks and number of trainer
+steps; only `run.mode` differs. Env calls (reset, each step, the evaluation) take an
+OSWorld-like heavy-tailed time: lognormal with median `--median-s` and spread `--sigma`,
+capped at `--max-s`; an unparseable action ends the episode (envs.invalid_action=end).
+
+The figures come from the runs' own records (dart_jax.run.utilization), over each run's
+RL window (first batch request to last publish), the same computation in both modes:
+- env utilization: time every slot spent inside env calls / (slots x window);
+- rollout utilization: share of the window the worker's engine was generating (the union
+  of its model calls, weight-load pauses excluded);
+- trained actions per minute: steps of the batches trained in the window / minutes;
+- staleness: trainer version minus the sampling version of each trained step.
+The last line printed is JSON with env_util_async, env_util_sync, throughput_ratio
+(trained actions per minute, async over sync), rollout_util_ratio and staleness_mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import machine
+
+
+def overrides(args, root: Path, mode: str) -> list[str]:
+    sock = lambda name: f"ipc://{root}/{mode}-{name}.sock"  # noqa: E731
+    latency = f"{{kind: lognormal, median_s: {args.median_s}, sigma: {args.sigma}, max_s: {args.max_s}, seed: 1}}"
+    return [f"run.root={root}", f"run.name={mode}", f"run.mode={mode}", "run.phases=[demos, rl]", "run.view=lines",
+            f"envs.wire.endpoint={sock('envs')}", f"data.wire.endpoint={sock('dm')}",
+            f"weights.announce.endpoint={sock('announce')}", f"weights.serve.endpoint={sock('weights')}",
+            f"envs.slots=[{{type: synthetic, count: {args.slots}, step_latency: {latency}}}]",
+            "envs.invalid_action=end", "envs.step_timeout_s=60", "envs.reset_timeout_s=60",
+            "job.suites=[{backend: synthetic, names: [click-button, enter-text, select-item, check-boxes], "
+            "train_seeds: 4, eval_seeds: 1}]",
+            f"data.curation.tasks_per_batch={args.tasks_per_batch}", "data.curation.min_rollouts=4",
+            "data.curation.max_rollouts=4", "data.curation.group_size=4", "data.curation.max_pending_per_task=64",
+            f"rollout.episodes={args.episodes}", "rollout.sampling.max_tokens=32",
+            "trainer.buckets.seq_lens=[1024, 2048]", "trainer.buckets.num_slots=[1024, 2048]",
+            "trainer.checkpoint.every_steps=1000", f"train.steps={args.steps}"]
+
+
+def figures(run_dir: Path, slots: int):
+    from dart_jax.run.records import RunReader
+    from dart_jax.run.utilization import Window, measure
+    reader = RunReader(run_dir)
+    records = reader.refresh()
+    reader.close()
+    window = Window(min(r.fetch_start for r in records.rounds), max(r.publish_end for r in records.rounds))
+    return measure(records, window, slots, ["rollout-0"])
+
+
+def run_mode(args, root: Path, mode: str) -> dict:
+    from dart_jax.config import load
+    from dart_jax.run.main import run
+    from dart_jax.run.schema import RunConfig
+    summary = run(load(RunConfig, "configs/rl.yaml", overrides(args, root, mode)))
+    u = figures(Path(summary["run_dir"]), args.slots)
+    out = {"env_util": u.env, "rollout_util": u.rollout, "trainer_util": u.trainer,
+           "actions_per_min": u.actions_per_min, "staleness_mean": u.staleness_mean,
+           "window_s": u.window.seconds, "trained_steps": sum(c for c in u.staleness.values())}
+    print(json.dumps({"mode": mode, **out}), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=8, help="trainer steps in each mode")
+    ap.add_argument("--median-s", type=float, default=2.0)
+    ap.add_argument("--sigma", type=float, default=1.2)
+    ap.add_argument("--max-s", type=float, default=30.0)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--tasks-per-batch", type=int, default=2)
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+    root = Path(args.work or tempfile.mkdtemp(prefix="bench_async_sync_"))
+    a, s = run_mode(args, root, "async"), run_mode(args, root, "sync")
+    print(json.dumps({
+        "benchmark": "async_vs_sync", "env_util_async": a["env_util"], "env_util_sync": s["env_util"],
+        "env_util_ratio": a["env_util"] / s["env_util"], "throughput_ratio": a["actions_per_min"] / s["actions_per_min"],
+        "rollout_util_ratio": a["rollout_util"] / s["rollout_util"], "staleness_mean": a["staleness_mean"],
+        "staleness_mean_sync": s["staleness_mean"], "async": a, "sync": s, "steps": args.steps,
+        "latency": {"median_s": args.median_s, "sigma": args.sigma, "max_s": args.max_s},
+        "slots": args.slots, "episodes": args.episodes, "machine": machine()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""A data manager whose store holds screenshot-free rollouts of two tasks, for trainer runs
+that talk to a real data manager (resume, multi-host)."""
+
+import shutil
+import threading
+
+import numpy as np
+
+from dart_jax.data.config import CurationConfig, DataManagerConfig, TaskEntry, TaskSourceConfig
+from dart_jax.data.service import serve
+from dart_jax.wire import Client, WireConfig
+from dart_jax.wire.messages import Step, SubmitTrajectory, Trajectory
+
+TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
+
+
+def rollout(rng, traj_id: str, task_id: str, success: bool) -> Trajectory:
+    steps = [Step(prompt_ids=rng.integers(10, 500, int(rng.integers(20, 120))).astype(np.int32),
+                  response_ids=(r := rng.integers(10, 500, int(rng.integers(4, 30))).astype(np.int32)),
+                  logprobs=-rng.random(len(r), dtype=np.float32) * 5, image_refs=[], policy_version=0,
+                  response_text="x") for _ in range(int(rng.integers(1, 3)))]
+    return Trajectory(traj_id=traj_id, task_id=task_id, steps=steps, screenshots=[], reward=float(success),
+                      status="success" if success else "failure")
+
+
+def dm_config(ipc: str) -> DataManagerConfig:
+    # every rollout stays fresh: trainers' version numbers differ (restarts republish)
+    curation = CurationConfig(tasks_per_batch=2, group_size=4, max_staleness=1000)
+    return DataManagerConfig(wire=WireConfig(endpoint=ipc), curation=curation, tasks=TaskSourceConfig(tasks=TASKS))
+
+
+def fill(root, n: int = 48) -> None:
+    """`n` rollouts of the two tasks (a third of them successes) into a store under `root`."""
+    stop = threading.Event()
+    cfg = dm_config(f"ipc://{root}/dm.sock")
+    thread = threading.Thread(target=serve, args=(cfg, root, stop), daemon=True)
+    thread.start()
+    rng = np.random.default_rng(0)
+    with Client(cfg.wire) as client:
+        for i in range(n):
+            client.request(SubmitTrajectory(trajectory=rollout(rng, f"r{i}", f"t{i % 2}", success=i % 3 == 0)),
+                           timeout_s=60)
+    stop.set()
+    thread.join()
+
+
+def serve_copy(store, root) -> tuple[DataManagerConfig, threading.Event]:
+    """A data manager on a copy of `store` at `root`; set the event to stop it."""
+    shutil.copytree(store, root, ignore=shutil.ignore_patterns("*.sock"))
+    stop = threading.Event()
+    cfg = dm_config(f"ipc://{root}/dm.sock")
+    threading.Thread(target=serve, args=(cfg, root, stop), daemon=True).start()
+    return cfg, stop

@@ -1,0 +1,130 @@
+"""A two-process "pod" on one machine: two `dart-jax train` processes with two CPU devices
+each form one mesh through `jax.distributed` on loopback and take RL steps on curated
+batches from a data manager (process 0 fetches them, both build their own rows). Losses,
+the exported parameters and every published version equal those of one process with four
+devices on the same data; what the pod publishes reaches a worker-side puller intact.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from dart_jax.config import dump
+from dart_jax.run.schema import PolicySection, RunConfig, RunSection
+from dart_jax.train.config import BucketConfig, MeshConfig, OptimizerConfig, TrainerConfig
+from dart_jax.train.main import DistributedConfig, TrainRunConfig
+from dart_jax.wire import Client, WireConfig, WireTimeout
+from dart_jax.wire.messages import WeightAnnounce, WeightPull
+from dart_jax.wire.pubsub import Subscriber
+from dart_jax.wire.weights import WeightSyncConfig, check_bucket
+from tests.train import dm_store
+
+pytestmark = pytest.mark.slow
+STEPS = 3
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    dm_store.fill(root, n=24)
+    return root
+
+
+def _config(tmp_path, name, store, tiny_dir, distributed: DistributedConfig, rows: int):
+    dm, stop = dm_store.serve_copy(store, tmp_path / f"{name}-dm")
+    sock = lambda k: WireConfig(endpoint=f"ipc://{tmp_path}/{name}-{k}.sock")  # noqa: E731
+    cfg = RunConfig(run=RunSection(name=name, root=str(tmp_path)), policy=PolicySection(hf_dir=str(tiny_dir)),
+                    data=dm, weights=WeightSyncConfig(announce=sock("announce"), serve=sock("weights"),
+                                                      reannounce_s=0.2),
+                    trainer=TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-3), mesh=MeshConfig(fsdp=4),
+                                          buckets=BucketConfig((128, 256), (64,), rows)),
+                    train=TrainRunConfig(steps=STEPS, distributed=distributed))
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(dump(cfg))
+    return cfg, path, stop
+
+
+def _train(path, devices: int, process_id: int | None = None) -> subprocess.Popen:
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    if process_id is not None:
+        env["DART_PROCESS_ID"] = str(process_id)
+    return subprocess.Popen([sys.executable, "-m", "dart_jax.cli", "train", str(path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class Puller:
+    """A rollout worker's side of weight sync: every announced version pulled and checked."""
+
+    def __init__(self, weights: WeightSyncConfig):
+        self.weights, self.versions, self.stop = weights, {}, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import asyncio
+        asyncio.run(self._follow())
+
+    async def _follow(self) -> None:
+        sub = Subscriber(self.weights.announce)
+        with Client(self.weights.serve) as client:
+            while not self.stop.is_set():
+                ann = await sub.receive(timeout_s=0.2)
+                if isinstance(ann, WeightAnnounce) and ann.version not in self.versions:
+                    try:
+                        self.versions[ann.version] = b"".join(
+                            check_bucket(b, client.request(WeightPull(version=ann.version, bucket=b.index)),
+                                         ann.version).tobytes() for b in ann.buckets)
+                    except WireTimeout:  # the trainer finished meanwhile
+                        pass
+        sub.close()
+
+
+def _losses(run) -> dict[int, float]:
+    return {r["step"]: r["loss/total"] for r in map(json.loads, (run / "metrics" / "trainer.jsonl").read_text().splitlines())}
+
+
+def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, tiny_dir):
+    # rows are per host: the same global batch of 4 rows either way, one row a device
+    one, one_path, stop_one = _config(tmp_path, "one", store, tiny_dir, DistributedConfig(), rows=4)
+    pod, pod_path, stop_pod = _config(tmp_path, "pod", store, tiny_dir, DistributedConfig(
+        mode="explicit", coordinator=f"127.0.0.1:{_port()}", num_processes=2), rows=2)
+    pullers = [Puller(one.weights), Puller(pod.weights)]
+    try:
+        single = _train(one_path, devices=4)
+        hosts = [_train(pod_path, devices=2, process_id=i) for i in range(2)]
+        for proc in (single, *hosts):
+            assert proc.wait(900) == 0, proc.stderr.read()[-4000:]
+    finally:
+        for p in pullers:
+            p.stop.set()
+            p.thread.join(10)
+        stop_one.set()
+        stop_pod.set()
+    reference, pod_losses = _losses(tmp_path / "one"), _losses(tmp_path / "pod")
+    assert sorted(reference) == sorted(pod_losses) == list(range(1, STEPS + 1))
+    for step, loss in reference.items():
+        assert pod_losses[step] == pytest.approx(loss, abs=1e-5), step
+    a = load_file(str(tmp_path / "one" / "export" / f"step-{STEPS}" / "model.safetensors"))
+    b = load_file(str(tmp_path / "pod" / "export" / f"step-{STEPS}" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert len((tmp_path / "pod" / "metrics" / "trainer.jsonl").read_text().splitlines()) == STEPS  # process 0 logs
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], atol=1e-5, err_msg=name)
+    common = set(pullers[0].versions) & set(pullers[1].versions)
+    assert common, (sorted(pullers[0].versions), sorted(pullers[1].versions))
+    for v in common:  # the same bytes up to float rounding: compare as fp32
+        np.testing.assert_allclose(np.frombuffer(pullers[1].versions[v], np.float32),
+                                   np.frombuffer(pullers[0].versions[v], np.float32), atol=1e-5)
