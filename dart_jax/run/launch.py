@@ -79,5 +79,6 @@ class LocalProcess:
 
 
 class LocalLauncher:
-    def start(self, instance: Instance) -> LocalProcess:
+    def start(self, instance: Instance, resources: dict | None = None) -> LocalProcess:
+        """A process on this machine (`resources` are a cluster launcher's; none here)."""
         return LocalProcess(instance)

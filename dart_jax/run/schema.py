@@ -60,6 +60,7 @@ class RunSection:
     heartbeat_s: float = bounded(2.0, gt=0)
     ready_timeout_s: float = bounded(300.0, gt=0)
     view: Literal["auto", "live", "lines", "off"] = "auto"
+    ray_address: str = ""  # roles placed on the `ray` launcher join this cluster ("" = auto)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):

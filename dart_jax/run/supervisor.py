@@ -54,17 +54,24 @@ class Member:
     done: bool = False
 
 
-def instance_configs(cfg: RunConfig, role: str, count: int) -> list[RunConfig]:
+def instance_configs(cfg: RunConfig, role: str, count: int, hosts: dict[str, str] | None = None) -> list[RunConfig]:
     """The config of each instance of `role`: env servers on endpoints of their own, rollout
-    workers with their own ids and every env server's endpoint."""
+    workers with their own ids and every env server's endpoint (an env server bound to all
+    interfaces of a cluster node is reached at that node's address, `hosts`)."""
     envs = env_wires(cfg)
     if role == "env-server":
         return [dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, wire=w)) for w in envs]
     if role == "rollout":
-        servers = cfg.rollout.env_servers or tuple(envs)
+        servers = cfg.rollout.env_servers or tuple(_reachable(w, (hosts or {}).get(w.endpoint)) for w in envs)
         return [dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, worker_id=f"rollout-{i}",
                                                                      env_servers=servers)) for i in range(count)]
     return [cfg] * count
+
+
+def _reachable(wire: WireConfig, host: str | None) -> WireConfig:
+    if host is None or not wire.endpoint.startswith("tcp://0.0.0.0:"):
+        return wire
+    return dataclasses.replace(wire, endpoint=wire.endpoint.replace("0.0.0.0", host, 1))
 
 
 def env_wires(cfg: RunConfig) -> list[WireConfig]:
@@ -87,7 +94,14 @@ class Supervisor:
         self.cfg, self.run = cfg, run
         self.launchers = launchers or {"local": LocalLauncher()}
         self.members: list[Member] = []
+        self.hosts: dict[str, str] = {}  # env server endpoint -> the node it runs on (Ray)
         self._last_ping = 0.0
+
+    def launcher(self, name: str):
+        if name not in self.launchers:  # the Ray launcher connects when a role first needs it
+            from dart_jax.run.ray_launch import RayLauncher
+            self.launchers[name] = RayLauncher(self.cfg.run.ray_address, namespace=f"dart-jax-{self.cfg.run.name}")
+        return self.launchers[name]
 
     def __enter__(self) -> "Supervisor":
         return self
@@ -102,7 +116,7 @@ class Supervisor:
         cfg = cfg or self.cfg
         roles = set(roles)
         for spec in sorted((s for s in cfg.run.placement if s.role in roles), key=lambda s: ORDER.index(s.role)):
-            for i, icfg in enumerate(instance_configs(cfg, spec.role, spec.count)):
+            for i, icfg in enumerate(instance_configs(cfg, spec.role, spec.count, self.hosts)):
                 name = spec.role if spec.count == 1 else f"{spec.role}-{i}"
                 config = self.run.root / "roles" / f"{name}.yaml"
                 config.parent.mkdir(exist_ok=True)
@@ -111,12 +125,14 @@ class Supervisor:
                 member = Member(Instance(name, spec.role, config, self.run.log_path(f"{name}.out"), extra_args), spec, ping)
                 self._launch(member)
                 self.members.append(member)
+                if spec.role == "env-server" and hasattr(member.process, "host"):
+                    self.hosts[icfg.envs.wire.endpoint] = member.process.host()
         for member in self.members:
             if member.instance.role in roles and member.ping is not None:
                 self._wait_ready(member)
 
     def _launch(self, member: Member) -> None:
-        member.process = self.launchers[member.spec.launcher].start(member.instance)
+        member.process = self.launcher(member.spec.launcher).start(member.instance, member.spec.resources)
         member.misses = 0
         log.info("started %s (%s)", member.instance.name, member.spec.launcher)
 
@@ -178,6 +194,7 @@ class Supervisor:
                             f"(see {member.instance.log})")
         delay = min(30.0, 2.0 ** member.restarts)
         member.restarts += 1
+        member.process.stop()  # a Ray actor whose role exited: end it; a new one starts below
         member.process, member.restart_at = None, time.monotonic() + delay
         log.warning("%s exited with code %s; restart %d of %d in %.0f s (see %s)", name, code, member.restarts,
                     member.spec.max_restarts, delay, member.instance.log)
@@ -201,7 +218,9 @@ class Supervisor:
         self.members = [m for m in self.members if m.instance.role not in roles]
 
     def restarts(self) -> dict[str, int]:
-        return {m.instance.name: m.restarts for m in self.members}
+        """Restarts of each instance: the supervisor's, and the cluster's own (Ray)."""
+        return {m.instance.name: m.restarts + (m.process.restarts() if hasattr(m.process, "restarts") else 0)
+                for m in self.members}
 
     def log_of(self, name: str) -> Path:
         return next(m.instance.log for m in self.members if m.instance.name == name)
