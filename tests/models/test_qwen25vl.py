@@ -76,8 +76,8 @@ def test_bf16_compute_keeps_fp32_params_and_logits(hf_models):
     assert np.abs(np.asarray(out) - ref).max() <= 0.03 * np.abs(ref).max()
 
 
-def test_unknown_remat_policy_is_an_error(hf_models):
-    model, _ = load_model(hf_models["a"][0], remat="sometimes")
-    inputs, _ = batch(model.config)
+def test_unknown_options_are_errors_at_load(hf_models):
     with pytest.raises(ValueError, match="unknown remat policy 'sometimes'"):
-        logits(model, inputs)
+        load_model(hf_models["a"][0], remat="sometimes")
+    with pytest.raises(ValueError, match="unknown attention implementation 'fast'"):
+        load_model(hf_models["a"][0], attention="fast")
