@@ -19,20 +19,19 @@ is built (`compute_dtype`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dart_jax.models import qwen25vl
-from dart_jax.models.sharding import param_shardings, var_sharding
-from dart_jax.train import losses
+from dart_jax.models.sharding import param_shardings
+from dart_jax.train import losses, optimizer
 from dart_jax.train.batch import TrainBatch
-from dart_jax.train.config import OptimizerConfig, TrainerConfig
-from dart_jax.train.kernels import token_logprobs_entropy_BxT
+from dart_jax.train.config import TrainerConfig
+from dart_jax.train.kernels import auto_chunks, token_logprobs_entropy_BxT
 from dart_jax.train.losses import UNIT, Denominators, RLTerms
 from dart_jax.train.pipeline import batch_specs
 from dart_jax.train.selection import step_mean_entropy
@@ -45,7 +44,7 @@ ROWS = ("data", "fsdp")  # mesh axes of the batch dimension
 class TrainState:
     step: jax.Array  # int32 []: optimizer updates done
     params: nnx.State  # fp32 master weights
-    opt_state: Any
+    opt_state: optimizer.AdamWState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,23 +75,6 @@ for _cls in (TrainState, Scores, RowTargets, Accumulator):
                                      meta_fields=[])
 
 
-def make_optimizer(cfg: OptimizerConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Global-norm clipping, then AdamW on the schedule (constant / warmup + cosine / linear)."""
-    if cfg.schedule == "constant":
-        schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
-                                         optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
-    elif cfg.schedule == "cosine":
-        schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, cfg.total_steps)
-    else:
-        schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
-                                         optax.linear_schedule(cfg.lr, 0.0, cfg.total_steps
-                                                               - cfg.warmup_steps)],
-                                        [cfg.warmup_steps])
-    opt = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                      optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay))
-    return opt, schedule
-
-
 # ---- pure functions -------------------------------------------------------------------
 
 def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entropy_grad=False):
@@ -101,9 +83,10 @@ def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entrop
     w_DxV = qwen25vl.lm_head_kernel((graphdef, params)).astype(h_BxTxD.dtype)
     # padding rows carry temperature 0; greedy (0) sampling has no logprobs to match anyway
     tau_B = jnp.where(mb.temperature_B > 0, mb.temperature_B, 1.0)
+    ct, cv = auto_chunks(jax.default_backend(), mb.targets_BxT.size, w_DxV.shape[1])
     return token_logprobs_entropy_BxT(h_BxTxD, w_DxV, mb.targets_BxT, tau_B[:, None],
-                                      chunk_tokens=cfg.kernel.chunk_tokens,
-                                      chunk_vocab=cfg.kernel.chunk_vocab, entropy_grad=entropy_grad)
+                                      chunk_tokens=cfg.kernel.chunk_tokens or ct,
+                                      chunk_vocab=cfg.kernel.chunk_vocab or cv, entropy_grad=entropy_grad)
 
 
 def needs_old_logp(cfg: TrainerConfig) -> bool:
@@ -157,17 +140,18 @@ def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: Train
                        {k: acc.sums[k] + v for k, v in sums.items()}, acc.counts + counts)
 
 
-def apply(optimizer, schedule, cfg: TrainerConfig, state: TrainState, acc: Accumulator):
+def apply(cfg: TrainerConfig, state: TrainState, acc: Accumulator):
     """Divide the sums by the global counts and take one AdamW step: (state, metrics)."""
-    grads = jax.tree.map(lambda g: g / acc.counts.of(cfg.loss.aggregation), acc.grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    lr = optimizer.schedule_of(cfg.optimizer)(state.step)
+    scale = 1.0 / acc.counts.of(cfg.loss.aggregation)
+    params, opt_state, grad_norm = optimizer.update(cfg.optimizer, lr, state.params, state.opt_state,
+                                                    acc.grads, scale)
     loss_sums = {k: v for k, v in acc.sums.items() if not k.startswith("tis_sum/")}
     metrics = losses.finalize(loss_sums, acc.counts, cfg.loss.aggregation)
     if cfg.mode == "rl":
         metrics |= mismatch_metrics({k.split("/", 1)[1]: v for k, v in acc.sums.items()
                                      if k.startswith("tis_sum/")})
-    metrics |= {"optim/grad_norm": optax.tree.norm(grads), "optim/lr": schedule(state.step),
+    metrics |= {"optim/grad_norm": grad_norm, "optim/lr": lr,
                 "optim/tokens": acc.counts.tokens, "optim/rows": acc.counts.seqs}
     return TrainState(state.step + 1, params, opt_state), metrics
 
@@ -191,17 +175,14 @@ class Steps:
     """
 
     def __init__(self, graphdef, abstract_params: nnx.State, cfg: TrainerConfig, mesh: Mesh):
-        self.graphdef, self.cfg, self.mesh = graphdef, cfg, mesh
-        self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
+        self.graphdef = qwen25vl.with_options(graphdef, abstract_params, remat=cfg.remat,
+                                              attention=cfg.attention)
+        self.cfg, self.mesh = cfg, mesh
         self.param_shardings = param_shardings(abstract_params, mesh)
-        abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
-        # moments are Params carrying the parameters' logical axes: shard them alike
-        self.opt_shardings = optax.tree_map_params(
-            self.optimizer, lambda v: var_sharding(v, mesh), abstract_opt,
-            transform_non_params=lambda _: _replicated(mesh),
-            is_leaf=lambda x: isinstance(x, nnx.Variable))
         rep = _replicated(mesh)
-        self.state_shardings = TrainState(rep, self.param_shardings, self.opt_shardings)
+        # moments are sharded as their parameters
+        opt = optimizer.AdamWState(rep, self.param_shardings, self.param_shardings)
+        self.state_shardings = TrainState(rep, self.param_shardings, opt)
         self.compiles: dict[str, int] = {}
         self._cache: dict[tuple, Callable] = {}
         self._sum_names: tuple[str, ...] | None = None
@@ -235,7 +216,7 @@ class Steps:
 
     # -- the step functions
     def init_state(self, params: nnx.State) -> TrainState:
-        fn = lambda p: TrainState(jnp.zeros((), jnp.int32), p, self.optimizer.init(p))  # noqa: E731
+        fn = lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p))  # noqa: E731
         return self._compiled("init", fn, (params,), (self.param_shardings,),
                               self.state_shardings)(params)
 
@@ -274,7 +255,8 @@ class Steps:
             acc_sh, donate=(1,))(params, acc, mb, rows)
 
     def apply(self, state: TrainState, acc: Accumulator) -> tuple[TrainState, dict]:
-        fn = lambda s, a: apply(self.optimizer, self.schedule, self.cfg, s, a)  # noqa: E731
+        """The next state; `state` is donated (its buffers hold the new state)."""
+        fn = lambda s, a: apply(self.cfg, s, a)  # noqa: E731
         rep = _replicated(self.mesh)
         out_sh = lambda out: (self.state_shardings, jax.tree.map(lambda _: rep, out[1]))  # noqa: E731
         return self._compiled("apply", fn, (state, acc),
