@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dart_jax.models.attention import resolve
+from dart_jax.models.attention import check_impl
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.inputs import ModelInputs
 from dart_jax.models.layers import Linear
@@ -51,7 +51,7 @@ class ModelOptions:
     def __post_init__(self):
         check_remat(self.remat)
         check_remat(self.vision_remat or self.remat)
-        resolve(self.attention, dtype=jnp.float32, kv_len=1, single_segment=True)  # a known name
+        check_impl(self.attention)
 
 
 class Qwen25VL(nnx.Module):

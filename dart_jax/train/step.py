@@ -214,6 +214,10 @@ class Steps:
             self.compiles[name] = self.compiles.get(name, 0) + 1
         return self._cache[key]
 
+    def executables(self, name: str) -> list:
+        """The compiled executables of one step function, one per bucket (XLA's analyses)."""
+        return [exe for key, exe in self._cache.items() if key[0] == name]
+
     # -- the step functions
     def init_state(self, params: nnx.State) -> TrainState:
         fn = lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p))  # noqa: E731

@@ -49,13 +49,13 @@ def test_hidden_states_and_head_give_logits(hf_models, name):
 def test_gradients_with_remat_match_without(hf_models):
     path = hf_models["a"][0]
     grads = {}
-    for remat in ("none", "full", "dots"):
+    for remat in ("none", "full", "dots", "offload"):
         model, _ = load_model(path, remat=remat)
         inputs, ids = batch(model.config)
         graphdef, params = nnx.split(model)
         targets = jnp.asarray(np.roll(ids, -1, axis=1))
         grads[remat] = jax.jit(jax.grad(lambda p: token_logprob_sum(graphdef, p, inputs, targets)))(params)
-    for remat in ("full", "dots"):
+    for remat in ("full", "dots", "offload"):
         for a, b in zip(jax.tree.leaves(grads["none"]), jax.tree.leaves(grads[remat])):
             a, b = np.asarray(a), np.asarray(b)  # recomputation reorders fp32 sums: compare to the leaf's scale
             assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max() + 1e-7
