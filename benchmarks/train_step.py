@@ -2,6 +2,7 @@
 
     python -m benchmarks.train_step                          # GPU/TPU: 0.5B..7B x 4k/8k/32k; CPU: tiny
     python -m benchmarks.train_step --sizes 0.5B,1.5B --lengths 4096 --steps 5 --remat full
+    python -m benchmarks.train_step --compile-only --sizes 0.5B --lengths 4096 --remat none  # any host
 
 One step is an SFT update on `rows` sequences of `length` tokens (rows = tokens_per_step /
 length, at least 1): forward, backward, global-norm clip and AdamW, fp32 master weights with
@@ -76,7 +77,7 @@ def peak_flops(device_kind: str, override: float | None) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    framework: str  # "jax" | "torch"
+    framework: str  # "jax" | "jax-compile" | "torch"
     size: str
     length: int
     rows: int
@@ -88,11 +89,12 @@ class Job:
 # ---- ours -----------------------------------------------------------------------------
 
 def synthetic_batch(config: Qwen25VLConfig, rows: int, length: int, seed: int = 0):
-    """A TrainBatch of random tokens, every token attended and in the loss."""
+    """A TrainBatch of random text tokens (no vision ids), every token attended and in the loss."""
     from dart_jax.models.inputs import make_inputs
     from dart_jax.train.batch import TrainBatch
 
-    ids = np.random.default_rng(seed).integers(0, config.text.vocab_size, (rows, length)).astype(np.int32)
+    high = min(config.text.vocab_size, config.vision_start_token_id)
+    ids = np.random.default_rng(seed).integers(0, high, (rows, length)).astype(np.int32)
     f32 = lambda v: np.full(rows, v, np.float32)  # noqa: E731
     return TrainBatch(make_inputs(config, ids), np.roll(ids, -1, axis=1), np.ones(ids.shape, np.float32),
                       np.zeros(ids.shape, np.float32), f32(0), np.arange(rows, dtype=np.int32),
@@ -138,10 +140,42 @@ def run_jax(job: Job) -> dict:
         times.append(time.perf_counter() - start)
     peak, source = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use"), "memory_stats"
     if peak is None:  # CPU: XLA's analysis of the compiled accumulate step
-        analysis, source = steps.executables("accumulate")[0].memory_analysis(), "xla_memory_analysis"
-        peak = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+        exe = steps.compile_accumulate(state.params, steps.accumulator_shapes(state.params, mb, rows), mb, rows)
+        peak, source = xla_bytes(exe), "xla_memory_analysis"
     return {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
             "peak_bytes": int(peak), "peak_source": source, "loss": float(metrics["loss/total"])}
+
+
+def xla_bytes(exe) -> int:
+    m = exe.memory_analysis()
+    return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+
+
+def compile_jax(job: Job) -> dict:
+    """Compile ours without running it (no parameter memory): XLA's memory analysis of the
+    accumulate step (forward + backward) and the compile time, for shapes this host cannot run."""
+    import jax
+
+    from dart_jax.models.qwen25vl import abstract_model
+    from dart_jax.models.sharding import make_mesh
+    from dart_jax.train.config import TrainerConfig
+    from dart_jax.train.step import RowTargets, Scores, Steps
+
+    config = model_config(job.size)
+    graphdef, params = abstract_model(config, dtype=job.dtype)
+    cfg = TrainerConfig(mode="sft", compute_dtype=job.dtype, remat=job.remat)
+    steps = Steps(graphdef, params, cfg, make_mesh(1, 1, 1))
+    sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+    params = jax.tree.map(sds, params)
+    mb = jax.tree.map(sds, synthetic_batch(config, job.rows, job.length))
+    ones = jax.ShapeDtypeStruct((job.rows,), np.float32)
+    rows = RowTargets(ones, ones, Scores(None, None, None))
+    start = time.perf_counter()
+    exe = steps.compile_accumulate(params, steps.accumulator_shapes(params, mb, rows), mb, rows)
+    m = exe.memory_analysis()
+    return {"compile_s": time.perf_counter() - start, "temp_bytes": m.temp_size_in_bytes,
+            "argument_bytes": m.argument_size_in_bytes, "peak_bytes": xla_bytes(exe),
+            "peak_source": "xla_memory_analysis"}
 
 
 # ---- transformers + torch -------------------------------------------------------------
@@ -203,7 +237,7 @@ def measure(job: Job, timeout: int) -> dict:
 
 
 def summarize(job: Job, res: dict, peak: float | None) -> dict:
-    if res["status"] != "ok":
+    if res["status"] != "ok" or "step_s" not in res:
         return res
     tokens = job.rows * job.length
     tps = tokens / res["step_s"]
@@ -232,23 +266,26 @@ def main() -> None:
     ap.add_argument("--frameworks", default="jax,torch")
     ap.add_argument("--peak-tflops", type=float, help="peak dense TFLOP/s of the device, for MFU where unknown")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per measurement")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="ours only, compiled not run: XLA's memory analysis and compile time")
     args = ap.parse_args()
     if args.worker:
         job = Job(**json.loads(args.worker))
-        print(json.dumps(run_jax(job) if job.framework == "jax" else run_torch(job)))
+        run = {"jax": run_jax, "jax-compile": compile_jax, "torch": run_torch}[job.framework]
+        print(json.dumps(run(job)))
         return
     info = machine()
-    cpu = info["backend"] == "cpu"
-    sizes = (args.sizes or ("tiny" if cpu else "0.5B,1.5B,3B,7B")).split(",")
-    lengths = [int(x) for x in (args.lengths or ("512,1024" if cpu else "4096,8192,32768")).split(",")]
-    per_step = args.tokens_per_step or (2048 if cpu else 32768)
-    dtype = args.dtype or ("float32" if cpu else "bfloat16")
+    small = info["backend"] == "cpu" and not args.compile_only  # compiling needs no device memory
+    sizes = (args.sizes or ("tiny" if small else "0.5B,1.5B,3B,7B")).split(",")
+    lengths = [int(x) for x in (args.lengths or ("512,1024" if small else "4096,8192,32768")).split(",")]
+    per_step = args.tokens_per_step or (2048 if small else 32768)
+    dtype = args.dtype or ("float32" if small else "bfloat16")
     peak = peak_flops(info["device"], args.peak_tflops)
     results = []
     for size in sizes:
         for length in lengths:
             row = {"size": size, "length": length, "rows": max(1, per_step // length)}
-            for fw in args.frameworks.split(","):
+            for fw in ["jax-compile"] if args.compile_only else args.frameworks.split(","):
                 job = Job(fw, size, length, row["rows"], args.steps, dtype, args.remat)
                 row[fw] = summarize(job, measure(job, args.timeout), peak)
             ours, ref = row.get("jax", {}), row.get("torch", {})

@@ -214,10 +214,6 @@ class Steps:
             self.compiles[name] = self.compiles.get(name, 0) + 1
         return self._cache[key]
 
-    def executables(self, name: str) -> list:
-        """The compiled executables of one step function, one per bucket (XLA's analyses)."""
-        return [exe for key, exe in self._cache.items() if key[0] == name]
-
     # -- the step functions
     def init_state(self, params: nnx.State) -> TrainState:
         fn = lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p))  # noqa: E731
@@ -234,9 +230,18 @@ class Steps:
 
     def zeros(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
         """An empty accumulator; its metric names depend on the config, not the bucket."""
+        init = self._zeros_fn(params, mb, rows)
+        return self._compiled("zeros", init, (), (), self._acc_shardings(self._sum_names))()
+
+    def accumulator_shapes(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
+        """What `zeros` returns, as ShapeDtypeStructs (no memory)."""
+        return jax.eval_shape(self._zeros_fn(params, mb, rows))
+
+    def _zeros_fn(self, params, mb: TrainBatch, rows: RowTargets):
         if self._sum_names is None:
             loss_fn = rl_loss if self.cfg.mode == "rl" else sft_loss
-            aux = jax.eval_shape(lambda p: loss_fn(self.graphdef, self.cfg, p, mb, rows)[1], params)
+            aux = jax.eval_shape(lambda p, b, r: loss_fn(self.graphdef, self.cfg, p, b, r)[1],
+                                 params, mb, rows)
             self._sum_names = tuple(sorted({**aux[0], **aux[1]}))
         names = self._sum_names
         shapes = [(x.shape, jnp.float32) for x in jax.tree.leaves(params)]
@@ -247,16 +252,20 @@ class Steps:
             zero = jnp.zeros((), jnp.float32)
             return Accumulator(grads, {k: zero for k in names}, Denominators(zero, zero))
 
-        acc_sh = self._acc_shardings(names)
-        return self._compiled("zeros", init, (), (), acc_sh)()
+        return init
 
     def accumulate(self, params, acc: Accumulator, mb: TrainBatch, rows: RowTargets) -> Accumulator:
+        return self.compile_accumulate(params, acc, mb, rows)(params, acc, mb, rows)
+
+    def compile_accumulate(self, params, acc: Accumulator, mb: TrainBatch, rows: RowTargets):
+        """The executable `accumulate` runs for these argument shapes (arrays or
+        ShapeDtypeStructs): compiled once per bucket, open to XLA's memory/cost analysis."""
         fn = lambda p, a, b, r: accumulate(self.graphdef, self.cfg, p, a, b, r)  # noqa: E731
         acc_sh = self._acc_shardings(acc.sums)
         return self._compiled(
             "accumulate", fn, (params, acc, mb, rows),
             (self.param_shardings, acc_sh, self.batch_shardings(mb), self.row_shardings(rows)),
-            acc_sh, donate=(1,))(params, acc, mb, rows)
+            acc_sh, donate=(1,))
 
     def apply(self, state: TrainState, acc: Accumulator) -> tuple[TrainState, dict]:
         """The next state; `state` is donated (its buffers hold the new state)."""

@@ -105,7 +105,7 @@ def test_cudnn_matches_dense_on_one_segment_rows(causal):
     seg = decoder_segments()
     fn = jax.jit(lambda q, k, v: attention(q, k, v, seg, seg, causal=causal, impl="cudnn", single_segment=True))
     assert "custom_call" in fn.lower(q, k, v).as_text() or "cudnn" in fn.lower(q, k, v).as_text()
-    check(fn, q, k, v, dout, seg, seg, causal=causal, tol=2e-2)
+    check(fn, q, k, v, dout, seg, seg, causal=causal, tol=3e-2)  # both sides in bf16
 
 
 @pytest.mark.parametrize("backend,dtype,kv_len,single,want", [

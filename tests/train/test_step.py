@@ -125,33 +125,29 @@ def test_bf16_compute_keeps_fp32_master_weights(tiny_dir, group_trajs):
 # ---- compiled-program facts (XLA's own analysis of the accumulate step, shapes only) ----
 
 def _abstract_step(layers: int, remat: str, rows=2, seq_len=2048):
-    """The compiled `accumulate` (forward + backward of the SFT loss) of a 256-wide decoder."""
+    """Steps' compiled `accumulate` (forward + backward of the SFT loss) of a 256-wide decoder."""
     from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
     from dart_jax.models.inputs import ModelInputs
     from dart_jax.models.qwen25vl import abstract_model
-    from dart_jax.train import step
     from dart_jax.train.batch import TrainBatch
-    from dart_jax.train.losses import Denominators
+    from dart_jax.train.step import RowTargets, Scores, Steps
 
     text = TextConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, mrope_section=(8, 12, 12))
     vision = VisionConfig(depth=1, hidden_size=64, intermediate_size=64, num_heads=2, out_hidden_size=256,
                           fullatt_block_indexes=(0,))
-    graphdef, params = abstract_model(Qwen25VLConfig(text=text, vision=vision), remat=remat)
-    cfg = TrainerConfig(mode="sft", remat=remat)
+    graphdef, params = abstract_model(Qwen25VLConfig(text=text, vision=vision))
+    steps = Steps(graphdef, params, TrainerConfig(mode="sft", remat=remat), make_mesh(1, 1, 1))
     sds = jax.ShapeDtypeStruct
     i32, f32 = np.int32, np.float32
     BxT, B = (rows, seq_len), (rows,)
     inputs = ModelInputs(sds(BxT, i32), sds(BxT, i32), sds((3,) + BxT, i32))
     mb = TrainBatch(inputs, sds(BxT, i32), sds(BxT, f32), sds(BxT, f32), sds(B, f32), sds(B, i32),
                     sds(B, i32), sds(B, f32), sds(B, f32), sds(B, i32), sds(B, np.bool_))
-    rows_t = step.RowTargets(sds(B, f32), sds(B, f32), step.Scores(None, None, None))
+    row_targets = RowTargets(sds(B, f32), sds(B, f32), Scores(None, None, None))
     params = jax.tree.map(lambda x: sds(x.shape, x.dtype), params)
-    names = jax.eval_shape(lambda p, b, r: step.sft_loss(graphdef, cfg, p, b, r)[1][0], params, mb, rows_t)
-    one = sds((), f32)
-    acc = step.Accumulator(params, {k: one for k in names}, Denominators(one, one))
-    fn = lambda p, a, b, r: step.accumulate(graphdef, cfg, p, a, b, r)  # noqa: E731
-    return jax.jit(fn, donate_argnums=(1,)).lower(params, acc, mb, rows_t).compile()
+    acc = steps.accumulator_shapes(params, mb, row_targets)
+    return steps.compile_accumulate(params, acc, mb, row_targets)
 
 
 def test_remat_full_keeps_a_small_fraction_of_the_activations():
