@@ -93,6 +93,14 @@ class KernelConfig:
     chunk_tokens: Optional[int] = bounded(None, ge=1)
     chunk_vocab: Optional[int] = bounded(None, ge=1)
 
+    def chunks(self, backend: str, tokens: int, vocab: int) -> tuple[int, int]:
+        """(chunk_tokens, chunk_vocab) for `tokens` x `vocab` logits on `backend` ("cpu", "gpu",
+        "tpu"): the configured sizes, the unset ones chosen for the backend and shape."""
+        from dart_jax.train.kernels import auto_chunks
+
+        ct, cv = auto_chunks(backend, tokens, vocab)
+        return self.chunk_tokens or ct, self.chunk_vocab or cv
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:

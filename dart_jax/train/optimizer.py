@@ -49,32 +49,40 @@ def schedule_of(cfg: OptimizerConfig) -> optax.Schedule:
     return optax.join_schedules([warmup, decay], [cfg.warmup_steps])
 
 
-def init(params) -> AdamWState:
-    zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
-    return AdamWState(jnp.zeros((), jnp.int32), zeros(), zeros())
-
-
 def global_norm(grad_sums, scale: jax.Array) -> jax.Array:
     """||G * scale||_2 over every array (fp32)."""
     sq = [jnp.sum(jnp.square(g.astype(jnp.float32) * scale)) for g in jax.tree.leaves(grad_sums)]
     return jnp.sqrt(sum(sq))
 
 
-def update(cfg: OptimizerConfig, lr: jax.Array, params, state: AdamWState, grad_sums,
-           scale: jax.Array) -> tuple[object, AdamWState, jax.Array]:
-    """(params, state, ||G * scale||) after one step on the mean gradient G * scale."""
-    norm = global_norm(grad_sums, scale)
-    factor = scale * jnp.where(norm < cfg.grad_clip, 1.0, cfg.grad_clip / norm)
-    t = (state.count + 1).astype(jnp.float32)
-    bc1, bc2 = 1 - cfg.b1**t, 1 - cfg.b2**t
+@dataclasses.dataclass(frozen=True)
+class FusedAdamW:
+    """The formula above for one OptimizerConfig; the learning rate follows the update count."""
+    cfg: OptimizerConfig
 
-    def one(g, m, v, p):
-        g = g * factor
-        m = cfg.b1 * m + (1 - cfg.b1) * g
-        v = cfg.b2 * v + (1 - cfg.b2) * g * g
-        step = (m / bc1) / (jnp.sqrt(v / bc2) + cfg.eps) + cfg.weight_decay * p
-        return p - lr * step, m, v
+    def init(self, params) -> AdamWState:
+        zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
+        return AdamWState(jnp.zeros((), jnp.int32), zeros(), zeros())
 
-    out = jax.tree.map(one, grad_sums, state.mu, state.nu, params)
-    pick = lambda i: jax.tree.map(lambda _, o: o[i], params, out)  # noqa: E731
-    return pick(0), AdamWState(state.count + 1, pick(1), pick(2)), norm
+    def lr(self, state: AdamWState) -> jax.Array:
+        return schedule_of(self.cfg)(state.count)
+
+    def update(self, params, state: AdamWState, grad_sums, scale: jax.Array) -> tuple[object, AdamWState, jax.Array]:
+        """(params, state, ||G * scale||) after one step on the mean gradient G * scale."""
+        cfg = self.cfg
+        norm = global_norm(grad_sums, scale)
+        factor = scale * jnp.where(norm < cfg.grad_clip, 1.0, cfg.grad_clip / norm)
+        lr = self.lr(state)
+        t = (state.count + 1).astype(jnp.float32)
+        bc1, bc2 = 1 - cfg.b1**t, 1 - cfg.b2**t
+
+        def one(g, m, v, p):
+            g = g * factor
+            m = cfg.b1 * m + (1 - cfg.b1) * g
+            v = cfg.b2 * v + (1 - cfg.b2) * g * g
+            step = (m / bc1) / (jnp.sqrt(v / bc2) + cfg.eps) + cfg.weight_decay * p
+            return p - lr * step, m, v
+
+        out = jax.tree.map(one, grad_sums, state.mu, state.nu, params)
+        pick = lambda i: jax.tree.map(lambda _, o: o[i], params, out)  # noqa: E731
+        return pick(0), AdamWState(state.count + 1, pick(1), pick(2)), norm

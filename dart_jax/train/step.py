@@ -28,11 +28,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dart_jax.models import qwen25vl
 from dart_jax.models.sharding import param_shardings
-from dart_jax.train import losses, optimizer
+from dart_jax.train import losses
 from dart_jax.train.batch import TrainBatch
 from dart_jax.train.config import TrainerConfig
-from dart_jax.train.kernels import auto_chunks, token_logprobs_entropy_BxT
+from dart_jax.train.kernels import token_logprobs_entropy_BxT
 from dart_jax.train.losses import UNIT, Denominators, RLTerms
+from dart_jax.train.optimizer import AdamWState, FusedAdamW
 from dart_jax.train.pipeline import batch_specs
 from dart_jax.train.selection import step_mean_entropy
 from dart_jax.train.tis import mismatch_metrics, mismatch_sums, tis_weights
@@ -44,7 +45,7 @@ ROWS = ("data", "fsdp")  # mesh axes of the batch dimension
 class TrainState:
     step: jax.Array  # int32 []: optimizer updates done
     params: nnx.State  # fp32 master weights
-    opt_state: optimizer.AdamWState
+    opt_state: AdamWState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +84,9 @@ def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entrop
     w_DxV = qwen25vl.lm_head_kernel((graphdef, params)).astype(h_BxTxD.dtype)
     # padding rows carry temperature 0; greedy (0) sampling has no logprobs to match anyway
     tau_B = jnp.where(mb.temperature_B > 0, mb.temperature_B, 1.0)
-    ct, cv = auto_chunks(jax.default_backend(), mb.targets_BxT.size, w_DxV.shape[1])
+    ct, cv = cfg.kernel.chunks(jax.default_backend(), mb.targets_BxT.size, w_DxV.shape[1])
     return token_logprobs_entropy_BxT(h_BxTxD, w_DxV, mb.targets_BxT, tau_B[:, None],
-                                      chunk_tokens=cfg.kernel.chunk_tokens or ct,
-                                      chunk_vocab=cfg.kernel.chunk_vocab or cv, entropy_grad=entropy_grad)
+                                      chunk_tokens=ct, chunk_vocab=cv, entropy_grad=entropy_grad)
 
 
 def needs_old_logp(cfg: TrainerConfig) -> bool:
@@ -142,10 +142,10 @@ def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: Train
 
 def apply(cfg: TrainerConfig, state: TrainState, acc: Accumulator):
     """Divide the sums by the global counts and take one AdamW step: (state, metrics)."""
-    lr = optimizer.schedule_of(cfg.optimizer)(state.step)
+    opt = FusedAdamW(cfg.optimizer)
+    lr = opt.lr(state.opt_state)
     scale = 1.0 / acc.counts.of(cfg.loss.aggregation)
-    params, opt_state, grad_norm = optimizer.update(cfg.optimizer, lr, state.params, state.opt_state,
-                                                    acc.grads, scale)
+    params, opt_state, grad_norm = opt.update(state.params, state.opt_state, acc.grads, scale)
     loss_sums = {k: v for k, v in acc.sums.items() if not k.startswith("tis_sum/")}
     metrics = losses.finalize(loss_sums, acc.counts, cfg.loss.aggregation)
     if cfg.mode == "rl":
@@ -178,10 +178,11 @@ class Steps:
         self.graphdef = qwen25vl.with_options(graphdef, abstract_params, remat=cfg.remat,
                                               attention=cfg.attention)
         self.cfg, self.mesh = cfg, mesh
+        self.optimizer = FusedAdamW(cfg.optimizer)
         self.param_shardings = param_shardings(abstract_params, mesh)
         rep = _replicated(mesh)
         # moments are sharded as their parameters
-        opt = optimizer.AdamWState(rep, self.param_shardings, self.param_shardings)
+        opt = AdamWState(rep, self.param_shardings, self.param_shardings)
         self.state_shardings = TrainState(rep, self.param_shardings, opt)
         self.compiles: dict[str, int] = {}
         self._cache: dict[tuple, Callable] = {}
@@ -216,7 +217,7 @@ class Steps:
 
     # -- the step functions
     def init_state(self, params: nnx.State) -> TrainState:
-        fn = lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p))  # noqa: E731
+        fn = lambda p: TrainState(jnp.zeros((), jnp.int32), p, self.optimizer.init(p))  # noqa: E731
         return self._compiled("init", fn, (params,), (self.param_shardings,),
                               self.state_shardings)(params)
 

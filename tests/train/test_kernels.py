@@ -118,3 +118,10 @@ def test_auto_chunks_are_exact(backend):
     np.testing.assert_allclose(v1, v2, atol=1e-5, rtol=1e-6)
     for x, y in zip(g1, g2):
         np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_kernel_config_sets_what_it_names_and_leaves_the_rest_auto():
+    from dart_jax.train.config import KernelConfig
+    assert KernelConfig().chunks("gpu", 8 * 4096, 151_936) == (4096, 15_232)
+    assert KernelConfig(chunk_vocab=4096).chunks("gpu", 8 * 4096, 151_936) == (4096, 4096)
+    assert KernelConfig(chunk_tokens=256).chunks("cpu", 100, 101) == (256, 101)

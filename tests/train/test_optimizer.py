@@ -24,8 +24,9 @@ def test_matches_optax_clip_then_adamw(grad_scale):
     ref = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
                       optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay))
     params = ours = tree(0)
-    ref_state, state = ref.init(params), optimizer.init(params)
-    update = jax.jit(lambda p, s, g, n: optimizer.update(cfg, schedule(s.count), p, s, g, 1.0 / n))
+    opt = optimizer.FusedAdamW(cfg)
+    ref_state, state = ref.init(params), opt.init(params)
+    update = jax.jit(lambda p, s, g, n: opt.update(p, s, g, 1.0 / n))
     for step in range(4):
         count = 3.0 + step
         g_sums = jax.tree.map(lambda x: x * count, tree(step + 1, grad_scale))  # sums of `count` items
@@ -47,9 +48,9 @@ def test_update_is_one_pass_per_output_below_optax():
     params = {"w": jnp.zeros((4, 256, 1024)), "b": jnp.zeros((4, 1024)), "e": jnp.zeros((4096, 256))}
     n = sum(x.size for x in jax.tree.leaves(params))
     sds = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-    state = jax.eval_shape(optimizer.init, sds)
-    fn = jax.jit(lambda p, s, g: optimizer.update(cfg, jnp.float32(1e-3), p, s, g, jnp.float32(0.5)),
-                 donate_argnums=(0, 1))
+    opt = optimizer.FusedAdamW(cfg)
+    state = jax.eval_shape(opt.init, sds)
+    fn = jax.jit(lambda p, s, g: opt.update(p, s, g, jnp.float32(0.5)), donate_argnums=(0, 1))
     words = fn.lower(sds, state, sds).compile().cost_analysis()["bytes accessed"] / (4 * n)
     ref = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optax.adamw(1e-3, weight_decay=0.1))
 
