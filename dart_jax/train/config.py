@@ -122,7 +122,7 @@ class TrainerConfig:
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     # checkpoint policy of the scanned layers (models/stack.py): "none" keeps every activation,
     # "full" only each layer's input, "dots" / "dots_no_batch" matmul outputs too, "offload"
-    # moves those to pinned host memory (GPU/TPU)
+    # moves the weight-matmul outputs to pinned host memory (where the backend has it)
     remat: Literal["none", "full", "dots", "dots_no_batch", "offload"] = "none"
     # attention kernel preference (models/attention.py): auto = cuDNN on GPU, splash on TPU,
     # the blockwise XLA path elsewhere
