@@ -6,7 +6,10 @@ transformers both load: `model.embed_tokens.weight`, `model.layers.N...`, `model
 accepts the transformers-5 `save_pretrained` names (`model.language_model.*`, `model.visual.*`).
 
 Layouts: a Flax kernel is [in, out], torch Linear.weight [out, in]; the patch embedding is a
-Linear kernel [C*t*p*p, D] here and a Conv3d weight [D, C, t, p, p] in torch.
+Linear kernel [C*t*p*p, D] here and a Conv3d weight [D, C, t, p, p] in torch. Decoder layers
+and vision blocks are stacked here (one array per parameter with a leading layer axis, see
+stack.py) and one tensor per layer there: a stacked parameter has one spec per layer
+(`ParamSpec.layer`), and specs run layer by layer as the checkpoints list them.
 
     for bucket in hf_buckets(state, config, bucket_bytes=256 << 20):   # export and weight sync
         for hf_name, array in bucket: ...
@@ -15,6 +18,7 @@ Linear kernel [C*t*p*p, D] here and a Conv3d weight [D, C, t, p, p] in torch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -24,6 +28,7 @@ from flax import nnx
 from dart_jax.models.config import Qwen25VLConfig
 
 Path = tuple
+STACKS = (("model", "layers"), ("visual", "blocks"))  # state paths of the stacked layers
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class ParamSpec:
     shape: tuple[int, ...]  # Flax shape
     hf_shape: tuple[int, ...]  # torch shape
     kind: str  # "copy" | "linear" | "conv3d"
+    layer: int | None = None  # index along the leading layer axis of a stacked parameter
 
     def to_hf(self, x: np.ndarray) -> np.ndarray:
         if self.kind == "copy":
@@ -54,8 +60,8 @@ class ParamSpec:
         return (index[1],) + (slice(None),) * (len(self.hf_shape) - 1)
 
 
-def hf_name_of(path: Path) -> str:
-    parts = [str(p) for p in path]
+def hf_name_of(path: Path, layer: int | None = None) -> str:
+    parts = [str(p) for p in (path if layer is None else path[:2] + (layer,) + path[2:])]
     if parts[-1] in ("kernel", "embedding"):
         parts[-1] = "weight"
     return ".".join(parts).replace(".mlp_0.", ".mlp.0.").replace(".mlp_2.", ".mlp.2.")
@@ -71,24 +77,32 @@ def canonical_hf_name(name: str) -> str:
 
 
 def param_specs(abstract_state) -> list[ParamSpec]:
-    """One spec per parameter of an (abstract) nnx State, in state order."""
-    specs = []
+    """One spec per HF tensor of an (abstract) nnx State: state order, stacks layer by layer."""
+    specs, rank = [], {}
     for path, var in nnx.to_flat_state(abstract_state):
-        shape = tuple(var.get_value().shape)
-        if path == ("visual", "patch_embed", "proj", "kernel"):
-            kind, hf_shape = "conv3d", None
-        elif path[-1] == "kernel":
-            kind, hf_shape = "linear", shape[::-1]
-        else:
-            kind, hf_shape = "copy", shape
-        specs.append(ParamSpec(hf_name_of(path), tuple(path), shape, hf_shape, kind))
-    return specs
+        path, shape = tuple(path), tuple(var.get_value().shape)
+        stacked = path[:2] in STACKS
+        rank.setdefault(path[:2] if stacked else path, len(rank))
+        for layer in range(shape[0]) if stacked else (None,):
+            specs.append(_spec(path, shape[1:] if stacked else shape, layer))
+    group = lambda s: rank[s.path[:2] if s.layer is not None else s.path]  # noqa: E731
+    return sorted(specs, key=lambda s: (group(s), s.layer or 0))
+
+
+def _spec(path: Path, shape: tuple[int, ...], layer: int | None) -> ParamSpec:
+    if path == ("visual", "patch_embed", "proj", "kernel"):
+        kind, hf_shape = "conv3d", None
+    elif path[-1] == "kernel":
+        kind, hf_shape = "linear", shape[::-1]
+    else:
+        kind, hf_shape = "copy", shape
+    return ParamSpec(hf_name_of(path, layer), path, shape, hf_shape, kind, layer)
 
 
 def with_conv_shape(specs: list[ParamSpec], config: Qwen25VLConfig) -> list[ParamSpec]:
     v = config.vision
     conv = (v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-    return [ParamSpec(s.hf_name, s.path, s.shape, conv, s.kind) if s.kind == "conv3d" else s for s in specs]
+    return [dataclasses.replace(s, hf_shape=conv) if s.kind == "conv3d" else s for s in specs]
 
 
 def specs_for(abstract_state, config: Qwen25VLConfig) -> list[ParamSpec]:
@@ -107,7 +121,8 @@ def hf_tensors(state, config: Qwen25VLConfig, dtype=None) -> Iterator[tuple[str,
     """(hf_name, torch-layout array) for every parameter, one tensor on the host at a time."""
     flat = dict(nnx.to_flat_state(state))
     for spec in specs_for(state, config):
-        x = spec.to_hf(_host_array(flat[spec.path].get_value()))
+        x = flat[spec.path].get_value()
+        x = spec.to_hf(_host_array(x if spec.layer is None else x[spec.layer]))
         yield spec.hf_name, x if dtype is None else x.astype(dtype)
 
 

@@ -2,7 +2,8 @@
 
 Import reads each device's block of each parameter straight from the safetensors files with
 positioned reads (no mmap, no full tensor on the host when the parameter is sharded), through
-`jax.make_array_from_callback`, so a host never holds a second full copy of the checkpoint.
+`jax.make_array_from_callback`, so a host never holds a second full copy of the checkpoint. A
+stacked parameter (decoder layers, vision blocks) reads its block from each layer's tensor.
 Export writes shards whose headers are known in advance from the parameter specs, streaming
 tensors from `convert.hf_buckets` (the same conversion weight sync uses).
 
@@ -167,35 +168,51 @@ def load_model(
     dtype="float32",
     remat: str = "none",
     vision_remat: str | None = None,
+    attention: str = "auto",
 ) -> tuple[Qwen25VL, LoadInfo]:
     """Qwen25VL with fp32 parameters read from a Hugging Face directory, sharded over `mesh`."""
     path = Path(path)
     config = read_config(path)
-    graphdef, abstract = abstract_model(config, dtype=dtype, remat=remat, vision_remat=vision_remat)
+    graphdef, abstract = abstract_model(config, dtype=dtype, remat=remat, vision_remat=vision_remat, attention=attention)
     specs = specs_for(abstract, config)
     index = checkpoint_index(path)
     check_tensors(specs, index, config.tie_word_embeddings)
     single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     flat = dict(nnx.to_flat_state(abstract))
+    per_path: dict[tuple, list[ParamSpec]] = {}
     for spec in specs:
-        var = flat[spec.path]
+        per_path.setdefault(spec.path, []).append(spec)
+    for p, layers in per_path.items():
+        var = flat[p]
         sharding = single if mesh is None else var_sharding(var, mesh)
-        var.set_value(_load_one(spec, index[spec.hf_name], sharding, var.get_value().dtype))
+        entries = [index[s.hf_name] for s in layers]
+        var.set_value(_load_one(layers, entries, var.get_value().shape, sharding, var.get_value().dtype))
     model = nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())))
     kinds = {index[s.hf_name].dtype for s in specs}
     source = str(next(iter(kinds))) if len(kinds) == 1 else "mixed"
     return model, LoadInfo(source_dtype=source)
 
 
-def _load_one(spec: ParamSpec, entry: TensorEntry, sharding, dtype) -> jax.Array:
-    def block(index):
-        index = _full(index, spec.shape)
-        if spec.kind == "linear":  # read straight into the [in, out] block
-            return entry.read(spec.hf_index(index), dtype, transpose=True)
-        block = spec.from_hf(entry.read(spec.hf_index(index), dtype))
-        return block[index[0]] if spec.kind == "conv3d" else block
+def _load_one(specs: list[ParamSpec], entries: list[TensorEntry], shape, sharding, dtype) -> jax.Array:
+    """One parameter from its tensors: one spec, or one per layer of a stacked parameter."""
+    if specs[0].layer is None:
+        return jax.make_array_from_callback(shape, sharding, lambda index: _read_block(specs[0], entries[0], index, dtype))
 
-    return jax.make_array_from_callback(spec.shape, sharding, block)
+    def stacked_block(index):
+        index = _full(index, shape)
+        layers = range(*index[0].indices(shape[0]))
+        return np.stack([_read_block(specs[i], entries[i], index[1:], dtype) for i in layers])
+
+    return jax.make_array_from_callback(shape, sharding, stacked_block)
+
+
+def _read_block(spec: ParamSpec, entry: TensorEntry, index, dtype) -> np.ndarray:
+    """The Flax-layout block `index` of one tensor, read from its torch-layout file block."""
+    index = _full(index, spec.shape)
+    if spec.kind == "linear":  # read straight into the [in, out] block
+        return entry.read(spec.hf_index(index), dtype, transpose=True)
+    block = spec.from_hf(entry.read(spec.hf_index(index), dtype))
+    return block[index[0]] if spec.kind == "conv3d" else block
 
 
 def _full(index, shape) -> tuple[slice, ...]:

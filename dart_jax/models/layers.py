@@ -16,15 +16,6 @@ Dtype = jnp.dtype
 
 _init = jax.nn.initializers.normal(0.02)
 
-# remat policy name -> jax.checkpoint policy ("none" disables remat).
-REMAT_POLICIES: dict[str, Callable | None] = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
 def param(rngs: nnx.Rngs | None, shape, axes, init=_init) -> nnx.Param:
     value = init(rngs.params(), shape, jnp.float32)
     return nnx.Param(value, logical_axes=tuple(axes))
@@ -78,28 +69,3 @@ def rotate_half(x):
 def apply_rotary(x, cos, sin):
     """x * cos + rotate_half(x) * sin; cos/sin broadcast over the heads axis (-2)."""
     return x * cos[..., None, :] + rotate_half(x) * sin[..., None, :]
-
-
-def attention(q_BxQxHxK, k_BxSxGxK, v_BxSxGxK, mask_BxQxS, dtype):
-    """Softmax attention with grouped KV heads (head h reads kv head h // (H/G)), fp32 softmax.
-
-    Dense: the [Q, S] scores are materialized. Swap in a fused kernel (splash / cuDNN) here.
-    """
-    b, q, h, d = q_BxQxHxK.shape
-    g = k_BxSxGxK.shape[2]
-    q_BxQxGxRxK = q_BxQxHxK.reshape(b, q, g, h // g, d)
-    scores = jnp.einsum("bqgrk,bsgk->bgrqs", q_BxQxGxRxK, k_BxSxGxK) * (d**-0.5)
-    scores = scores.astype(jnp.float32)
-    scores = jnp.where(mask_BxQxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bgrqs,bsgk->bqgrk", probs, v_BxSxGxK)
-    return out.reshape(b, q, h, d)
-
-
-def maybe_remat(fn: Callable, policy_name: str) -> Callable:
-    """Wrap a `(module, *args)` call in nnx.remat with the named policy."""
-    if policy_name not in REMAT_POLICIES:
-        raise ValueError(f"unknown remat policy {policy_name!r}; choose from {sorted(REMAT_POLICIES)}")
-    if policy_name == "none":
-        return fn
-    return nnx.remat(fn, policy=REMAT_POLICIES[policy_name], prevent_cse=False)

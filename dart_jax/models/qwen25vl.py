@@ -6,7 +6,7 @@ mechanical. Parameters are fp32; `dtype` is the compute dtype (bf16 on TPU); log
 
 Trainer use: split once, jit plain functions of (params, inputs); never materialize [T, V] logits.
 
-    model = create_model(config, dtype="bfloat16", remat="dots")     # or hf_io.load_params(...)
+    model = create_model(config, dtype="bfloat16", remat="dots")     # or hf_io.load_model(...)
     graphdef, params = nnx.split(model)
 
     @jax.jit
@@ -15,6 +15,10 @@ Trainer use: split once, jit plain functions of (params, inputs); never material
         w_DxV = lm_head_kernel((graphdef, params))                   # tied: embedding transposed
         ...  # chunk over T: logits_chunk = h_chunk @ w_DxV in fp32, log_softmax, gather targets
 
+`remat` names the checkpoint policy of the scanned decoder layers (`vision_remat`, of the
+vision blocks; stack.py) and `attention` the attention kernel preference (attention.py); both
+are static options of the graph, replaceable on a split model with `with_options`.
+
 `inputs` comes from `inputs.make_inputs(config, input_ids, attention_mask, pixel_values,
 image_grid_thw, seq_len=..., num_slots=...)` (numpy, host side). Under a mesh, run inside
 `jax.set_mesh(mesh)` so activations are constrained by the logical rules of sharding.py.
@@ -22,31 +26,42 @@ image_grid_thw, seq_len=..., num_slots=...)` (numpy, host side). Under a mesh, r
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dart_jax.models.attention import check_impl
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.inputs import ModelInputs
 from dart_jax.models.layers import Linear
+from dart_jax.models.stack import check_remat
 from dart_jax.models.text import TextModel
 from dart_jax.models.vision import VisionTransformer
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """How the graph runs (not what it computes): remat policies and the attention kernel."""
+    remat: str = "none"
+    vision_remat: str | None = None  # None: as `remat`
+    attention: str = "auto"
+
+    def __post_init__(self):
+        check_remat(self.remat)
+        check_remat(self.vision_remat or self.remat)
+        check_impl(self.attention)
+
+
 class Qwen25VL(nnx.Module):
-    def __init__(
-        self,
-        config: Qwen25VLConfig,
-        *,
-        dtype="float32",
-        remat: str = "none",
-        vision_remat: str | None = None,
-        rngs: nnx.Rngs,
-    ):
+    def __init__(self, config: Qwen25VLConfig, *, dtype="float32", options: ModelOptions = ModelOptions(),
+                 rngs: nnx.Rngs):
         dtype = jnp.dtype(dtype)
         self.config = config
-        self.model = TextModel(config.text, dtype=dtype, remat=remat, rngs=rngs)
-        self.visual = VisionTransformer(config.vision, dtype=dtype, remat=vision_remat or remat, rngs=rngs)
+        self.options = options
+        self.model = TextModel(config.text, dtype=dtype, rngs=rngs)
+        self.visual = VisionTransformer(config.vision, dtype=dtype, rngs=rngs)
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -58,13 +73,16 @@ class Qwen25VL(nnx.Module):
         embeds = self.model.embed_tokens(inputs.input_ids)
         if not inputs.has_vision:
             return embeds
-        feats_BxMxD = self.visual(inputs.pixel_values, inputs.vision_position_ids, inputs.vision_segment_ids)
+        opts = self.options
+        feats_BxMxD = self.visual(inputs.pixel_values, inputs.vision_position_ids, inputs.vision_segment_ids,
+                                  remat=opts.vision_remat or opts.remat, impl=opts.attention)
         idx_BxT = inputs.image_token_index
         picked = jnp.take_along_axis(feats_BxMxD, jnp.maximum(idx_BxT, 0)[..., None], axis=1)
         return jnp.where((idx_BxT >= 0)[..., None], picked.astype(self.dtype), embeds)
 
     def hidden_states(self, inputs: ModelInputs):
-        return self.model(self.embed(inputs), inputs.attention_mask, inputs.position_ids)
+        return self.model(self.embed(inputs), inputs.attention_mask, inputs.position_ids,
+                          remat=self.options.remat, impl=self.options.attention)
 
     def lm_head_kernel(self):
         if self.lm_head is None:
@@ -98,9 +116,18 @@ def logits(model, inputs: ModelInputs) -> jax.Array:
     return _as_module(model)(inputs)
 
 
-def create_model(config: Qwen25VLConfig, *, dtype="float32", remat="none", vision_remat=None, seed: int = 0) -> Qwen25VL:
+def with_options(graphdef, state, **options) -> nnx.GraphDef:
+    """The graphdef of the same model and parameters run with other `ModelOptions` fields."""
+    model = nnx.merge(graphdef, state)
+    model.options = dataclasses.replace(model.options, **options)
+    return nnx.split(model)[0]
+
+
+def create_model(config: Qwen25VLConfig, *, dtype="float32", remat="none", vision_remat=None, attention="auto",
+                 seed: int = 0) -> Qwen25VL:
     """A randomly initialized model (normal(0.02) kernels, zero biases, unit norms)."""
-    return Qwen25VL(config, dtype=dtype, remat=remat, vision_remat=vision_remat, rngs=nnx.Rngs(seed))
+    options = ModelOptions(remat, vision_remat, attention)
+    return Qwen25VL(config, dtype=dtype, options=options, rngs=nnx.Rngs(seed))
 
 
 def abstract_model(config: Qwen25VLConfig, **kwargs):

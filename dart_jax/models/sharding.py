@@ -36,6 +36,7 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "patch": None,
     "merger_in": "fsdp",
     "norm": None,
+    "layers": None,  # the leading axis of stacked layers: each device holds every layer
     # activations
     "batch": ("data", "fsdp"),
     "length": None,

@@ -8,8 +8,10 @@ import numpy as np
 from flax import nnx
 
 from dart_jax.models.config import TextConfig
-from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary, attention, maybe_remat, param
+from dart_jax.models.attention import attention
+from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary, param
 from dart_jax.models.sharding import constrain
+from dart_jax.models.stack import check_remat, scan, stacked
 
 _ACT = ("batch", "length", "act_embed")
 
@@ -33,14 +35,14 @@ class Attention(nnx.Module):
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
         self.dtype = dtype
 
-    def __call__(self, x_BxTxD, cos_BxTxK, sin_BxTxK, mask_BxTxT):
+    def __call__(self, x_BxTxD, cos_BxTxK, sin_BxTxK, seg_BxT, impl: str):
         b, t, _ = x_BxTxD.shape
         q = self.q_proj(x_BxTxD).reshape(b, t, self.heads, self.head_dim)
         k = self.k_proj(x_BxTxD).reshape(b, t, self.kv_heads, self.head_dim)
         v = self.v_proj(x_BxTxD).reshape(b, t, self.kv_heads, self.head_dim)
         q = constrain(apply_rotary(q, cos_BxTxK, sin_BxTxK), ("batch", "length", "act_heads", "head_dim"))
         k = constrain(apply_rotary(k, cos_BxTxK, sin_BxTxK), ("batch", "length", "act_kv_heads", "head_dim"))
-        out = attention(q, k, v, mask_BxTxT, self.dtype)
+        out = attention(q, k, v, seg_BxT, seg_BxT, causal=True, impl=impl, single_segment=True)
         return self.o_proj(out.reshape(b, t, -1))
 
 
@@ -51,23 +53,22 @@ class DecoderLayer(nnx.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+    def __call__(self, x, cos, sin, seg, impl: str):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, seg, impl)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return constrain(x, _ACT)
 
 
 class TextModel(nnx.Module):
-    def __init__(self, cfg: TextConfig, *, dtype, remat: str, rngs: nnx.Rngs):
+    def __init__(self, cfg: TextConfig, *, dtype, rngs: nnx.Rngs):
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.layers = stacked(lambda r: DecoderLayer(cfg, dtype=dtype, rngs=r), cfg.num_hidden_layers, rngs)
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
         # mrope: frequency j rotates with the position of axis section_axis[j] (t, h, w, t, h, w...)
         self.section_axis = tuple(int(a) for a in np.repeat(np.arange(len(cfg.mrope_section)) % 3, cfg.mrope_section))
         self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
         self.dtype = dtype
-        self.remat = remat
 
     def rotary(self, pos_3xBxT):
         dim = self.head_dim
@@ -77,14 +78,10 @@ class TextModel(nnx.Module):
         emb = jnp.concatenate([freqs, freqs], axis=-1)
         return jnp.cos(emb).astype(self.dtype), jnp.sin(emb).astype(self.dtype)
 
-    def __call__(self, embeds_BxTxD, attention_mask_BxT, pos_3xBxT):
+    def __call__(self, embeds_BxTxD, attention_mask_BxT, pos_3xBxT, *, remat: str, impl: str):
         """Final-norm hidden states [B, T, D] for causal attention over the unmasked tokens."""
-        t = embeds_BxTxD.shape[1]
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        mask = causal[None] & (attention_mask_BxT[:, None, :] > 0)
+        seg_BxT = jnp.where(attention_mask_BxT > 0, 0, -1)  # one segment per row; -1: padding
         cos, sin = self.rotary(pos_3xBxT)
         x = constrain(embeds_BxTxD, _ACT)
-        run = maybe_remat(lambda layer, x, c, s, m: layer(x, c, s, m), self.remat)
-        for layer in self.layers:
-            x = run(layer, x, cos, sin, mask)
+        x = scan(self.layers, x, lambda layer, x, _: layer(x, cos, sin, seg_BxT, impl), check_remat(remat))
         return self.norm(x)

@@ -1,10 +1,13 @@
 """Qwen2.5-VL vision tower in the padded window layout (see inputs.py).
 
 The host lays each row's patches out in `S` slots: every attention window occupies exactly
-`window_patches` consecutive slots (shorter edge windows are padded), so window attention is a
-batched [S/W, W, W] attention and full attention is one [S, S] attention masked by frame segment
-ids. Merge units (spatial_merge_size^2 patches) stay contiguous, so the merger reads groups of
-consecutive slots. Attribute names follow transformers' Qwen2_5_VisionTransformerPretrainedModel.
+`window_patches` consecutive slots (shorter edge windows are padded), so window attention is
+attention over S/W rows of W slots, and full attention is attention over the S slots with each
+image (frame) as its own segment: a patch sees only its own image, at a cost linear in the
+number of images (attention.py). Merge units (spatial_merge_size^2 patches) stay contiguous,
+so the merger reads groups of consecutive slots. The blocks are stacked and scanned
+(stack.py); a per-block flag picks window or full attention. Attribute names follow
+transformers' Qwen2_5_VisionTransformerPretrainedModel.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dart_jax.models.config import VisionConfig
-from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary, attention, maybe_remat
+from dart_jax.models.attention import attention
+from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary
 from dart_jax.models.sharding import constrain
+from dart_jax.models.stack import check_remat, scan, stacked
 
 _ACT = ("batch", "slots", "act_embed")
 
@@ -39,19 +44,26 @@ class VisionAttention(nnx.Module):
         self.window = cfg.window_patches
         self.dtype = dtype
 
-    def __call__(self, x_BxSxD, cos_BxSxK, sin_BxSxK, mask, windowed: bool):
+    def __call__(self, x_BxSxD, cos_BxSxK, sin_BxSxK, seg_BxS, full, impl: str):
         b, s, d = x_BxSxD.shape
-        h = self.num_heads
+        h, w = self.num_heads, self.window
         qkv = self.qkv(x_BxSxD).reshape(b, s, 3, h, d // h)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         # transformers rotates vision q/k in fp32 whatever the compute dtype
         q = apply_rotary(q.astype(jnp.float32), cos_BxSxK, sin_BxSxK).astype(self.dtype)
         k = apply_rotary(k.astype(jnp.float32), cos_BxSxK, sin_BxSxK).astype(self.dtype)
-        if windowed:
-            n = b * s // self.window
-            q, k, v = (t.reshape(n, self.window, h, d // h) for t in (q, k, v))
-        out = attention(q, k, v, mask, self.dtype).reshape(b, s, d)
-        return self.proj(out)
+
+        def whole(q, k, v):  # each image attends to itself
+            return attention(q, k, v, seg_BxS, seg_BxS, causal=False, impl=impl)
+
+        def windows(q, k, v):  # each window of W slots attends to itself
+            seg_NxW = seg_BxS.reshape(b * s // w, w)
+            q, k, v = (t.reshape(b * s // w, w, h, d // h) for t in (q, k, v))
+            out = attention(q, k, v, seg_NxW, seg_NxW, causal=False, impl=impl, single_segment=True)
+            return out.reshape(b, s, h, d // h)
+
+        out = jax.lax.cond(full, whole, windows, q, k, v)
+        return self.proj(out.reshape(b, s, d))
 
 
 class VisionBlock(nnx.Module):
@@ -61,8 +73,8 @@ class VisionBlock(nnx.Module):
         self.attn = VisionAttention(cfg, dtype=dtype, rngs=rngs)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, bias=True, axes=("vision_embed", "vision_mlp"), dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, windowed: bool):
-        x = x + self.attn(self.norm1(x), cos, sin, mask, windowed)
+    def __call__(self, x, cos, sin, seg, full, impl: str):
+        x = x + self.attn(self.norm1(x), cos, sin, seg, full, impl)
         x = x + self.mlp(self.norm2(x))
         return constrain(x, _ACT)
 
@@ -84,15 +96,13 @@ class PatchMerger(nnx.Module):
 
 
 class VisionTransformer(nnx.Module):
-    def __init__(self, cfg: VisionConfig, *, dtype, remat: str, rngs: nnx.Rngs):
+    def __init__(self, cfg: VisionConfig, *, dtype, rngs: nnx.Rngs):
         self.patch_embed = VisionPatchEmbed(cfg, dtype=dtype, rngs=rngs)
-        self.blocks = nnx.List([VisionBlock(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.depth)])
+        self.blocks = stacked(lambda r: VisionBlock(cfg, dtype=dtype, rngs=r), cfg.depth, rngs)
         self.merger = PatchMerger(cfg, dtype=dtype, rngs=rngs)
         self.full_attention = tuple(i in cfg.fullatt_block_indexes for i in range(cfg.depth))
         self.head_dim = cfg.head_dim
         self.rope_theta = cfg.rope_theta
-        self.window = cfg.window_patches
-        self.remat = remat
 
     def rotary(self, pos_BxSx2):
         """Axial 2D rotary: (h, w) frequencies of head_dim/4 each, concatenated, then duplicated."""
@@ -103,23 +113,10 @@ class VisionTransformer(nnx.Module):
         emb = jnp.concatenate([freqs, freqs], axis=-1)
         return jnp.cos(emb), jnp.sin(emb)
 
-    def masks(self, seg_BxS):
-        valid = seg_BxS >= 0
-        full = (seg_BxS[:, :, None] == seg_BxS[:, None, :]) & valid[:, None, :]
-        seg_w = seg_BxS.reshape(-1, self.window)
-        window = (seg_w[:, :, None] == seg_w[:, None, :]) & (seg_w >= 0)[:, None, :]
-        return full, window
-
-    def __call__(self, patches_BxSxP, pos_BxSx2, seg_BxS):
+    def __call__(self, patches_BxSxP, pos_BxSx2, seg_BxS, *, remat: str, impl: str):
         """Merged visual tokens [B, S / merge_unit, out_hidden_size] in slot order."""
         x = constrain(self.patch_embed(patches_BxSxP), _ACT)
         cos, sin = self.rotary(pos_BxSx2)
-        full_mask, window_mask = self.masks(seg_BxS)
-        runs = {w: maybe_remat(_block_call(w), self.remat) for w in (False, True)}
-        for blk, full in zip(self.blocks, self.full_attention):
-            x = runs[not full](blk, x, cos, sin, full_mask if full else window_mask)
+        full_L = jnp.asarray(self.full_attention)
+        x = scan(self.blocks, x, lambda blk, x, full: blk(x, cos, sin, seg_BxS, full, impl), check_remat(remat), full_L)
         return self.merger(x)
-
-
-def _block_call(windowed: bool):
-    return lambda blk, x, cos, sin, mask: blk(x, cos, sin, mask, windowed)

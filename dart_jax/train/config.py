@@ -7,7 +7,7 @@ TIS C=1, top 80% of steps by entropy, AdamW constant lr 1e-6, weight decay 0.1, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 from dart_jax.config.loader import bounded
 
@@ -89,8 +89,17 @@ class BucketConfig:
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    chunk_tokens: int = bounded(1024, ge=1)
-    chunk_vocab: int = bounded(8192, ge=1)
+    """Log-prob kernel chunks; null: chosen per backend and shape (kernels.auto_chunks)."""
+    chunk_tokens: Optional[int] = bounded(None, ge=1)
+    chunk_vocab: Optional[int] = bounded(None, ge=1)
+
+    def chunks(self, backend: str, tokens: int, vocab: int) -> tuple[int, int]:
+        """(chunk_tokens, chunk_vocab) for `tokens` x `vocab` logits on `backend` ("cpu", "gpu",
+        "tpu"): the configured sizes, the unset ones chosen for the backend and shape."""
+        from dart_jax.train.kernels import auto_chunks
+
+        ct, cv = auto_chunks(backend, tokens, vocab)
+        return self.chunk_tokens or ct, self.chunk_vocab or cv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +120,13 @@ class MeshConfig:
 class TrainerConfig:
     mode: Literal["rl", "sft"] = "rl"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    remat: Literal["none", "dots", "full"] = "none"
+    # checkpoint policy of the scanned layers (models/stack.py): "none" keeps every activation,
+    # "full" only each layer's input, "dots" / "dots_no_batch" matmul outputs too, "offload"
+    # moves the weight-matmul outputs to pinned host memory (where the backend has it)
+    remat: Literal["none", "full", "dots", "dots_no_batch", "offload"] = "none"
+    # attention kernel preference (models/attention.py): auto = cuDNN on GPU, splash on TPU,
+    # the blockwise XLA path elsewhere
+    attention: Literal["auto", "xla", "dense", "cudnn", "splash"] = "auto"
     updates_per_batch: int = bounded(1, ge=1)  # >1 recomputes the old logprobs first
     seed: int = 0
     loss: LossConfig = LossConfig()

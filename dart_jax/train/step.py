@@ -19,21 +19,21 @@ is built (`compute_dtype`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dart_jax.models import qwen25vl
-from dart_jax.models.sharding import param_shardings, var_sharding
+from dart_jax.models.sharding import param_shardings
 from dart_jax.train import losses
 from dart_jax.train.batch import TrainBatch
-from dart_jax.train.config import OptimizerConfig, TrainerConfig
+from dart_jax.train.config import TrainerConfig
 from dart_jax.train.kernels import token_logprobs_entropy_BxT
 from dart_jax.train.losses import UNIT, Denominators, RLTerms
+from dart_jax.train.optimizer import AdamWState, FusedAdamW
 from dart_jax.train.pipeline import batch_specs
 from dart_jax.train.selection import step_mean_entropy
 from dart_jax.train.tis import mismatch_metrics, mismatch_sums, tis_weights
@@ -45,7 +45,7 @@ ROWS = ("data", "fsdp")  # mesh axes of the batch dimension
 class TrainState:
     step: jax.Array  # int32 []: optimizer updates done
     params: nnx.State  # fp32 master weights
-    opt_state: Any
+    opt_state: AdamWState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,23 +76,6 @@ for _cls in (TrainState, Scores, RowTargets, Accumulator):
                                      meta_fields=[])
 
 
-def make_optimizer(cfg: OptimizerConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Global-norm clipping, then AdamW on the schedule (constant / warmup + cosine / linear)."""
-    if cfg.schedule == "constant":
-        schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
-                                         optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
-    elif cfg.schedule == "cosine":
-        schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, cfg.total_steps)
-    else:
-        schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps),
-                                         optax.linear_schedule(cfg.lr, 0.0, cfg.total_steps
-                                                               - cfg.warmup_steps)],
-                                        [cfg.warmup_steps])
-    opt = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
-                      optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay))
-    return opt, schedule
-
-
 # ---- pure functions -------------------------------------------------------------------
 
 def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entropy_grad=False):
@@ -101,9 +84,9 @@ def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entrop
     w_DxV = qwen25vl.lm_head_kernel((graphdef, params)).astype(h_BxTxD.dtype)
     # padding rows carry temperature 0; greedy (0) sampling has no logprobs to match anyway
     tau_B = jnp.where(mb.temperature_B > 0, mb.temperature_B, 1.0)
+    ct, cv = cfg.kernel.chunks(jax.default_backend(), mb.targets_BxT.size, w_DxV.shape[1])
     return token_logprobs_entropy_BxT(h_BxTxD, w_DxV, mb.targets_BxT, tau_B[:, None],
-                                      chunk_tokens=cfg.kernel.chunk_tokens,
-                                      chunk_vocab=cfg.kernel.chunk_vocab, entropy_grad=entropy_grad)
+                                      chunk_tokens=ct, chunk_vocab=cv, entropy_grad=entropy_grad)
 
 
 def needs_old_logp(cfg: TrainerConfig) -> bool:
@@ -157,17 +140,18 @@ def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: Train
                        {k: acc.sums[k] + v for k, v in sums.items()}, acc.counts + counts)
 
 
-def apply(optimizer, schedule, cfg: TrainerConfig, state: TrainState, acc: Accumulator):
+def apply(cfg: TrainerConfig, state: TrainState, acc: Accumulator):
     """Divide the sums by the global counts and take one AdamW step: (state, metrics)."""
-    grads = jax.tree.map(lambda g: g / acc.counts.of(cfg.loss.aggregation), acc.grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    opt = FusedAdamW(cfg.optimizer)
+    lr = opt.lr(state.opt_state)
+    scale = 1.0 / acc.counts.of(cfg.loss.aggregation)
+    params, opt_state, grad_norm = opt.update(state.params, state.opt_state, acc.grads, scale)
     loss_sums = {k: v for k, v in acc.sums.items() if not k.startswith("tis_sum/")}
     metrics = losses.finalize(loss_sums, acc.counts, cfg.loss.aggregation)
     if cfg.mode == "rl":
         metrics |= mismatch_metrics({k.split("/", 1)[1]: v for k, v in acc.sums.items()
                                      if k.startswith("tis_sum/")})
-    metrics |= {"optim/grad_norm": optax.tree.norm(grads), "optim/lr": schedule(state.step),
+    metrics |= {"optim/grad_norm": grad_norm, "optim/lr": lr,
                 "optim/tokens": acc.counts.tokens, "optim/rows": acc.counts.seqs}
     return TrainState(state.step + 1, params, opt_state), metrics
 
@@ -191,17 +175,15 @@ class Steps:
     """
 
     def __init__(self, graphdef, abstract_params: nnx.State, cfg: TrainerConfig, mesh: Mesh):
-        self.graphdef, self.cfg, self.mesh = graphdef, cfg, mesh
-        self.optimizer, self.schedule = make_optimizer(cfg.optimizer)
+        self.graphdef = qwen25vl.with_options(graphdef, abstract_params, remat=cfg.remat,
+                                              attention=cfg.attention)
+        self.cfg, self.mesh = cfg, mesh
+        self.optimizer = FusedAdamW(cfg.optimizer)
         self.param_shardings = param_shardings(abstract_params, mesh)
-        abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
-        # moments are Params carrying the parameters' logical axes: shard them alike
-        self.opt_shardings = optax.tree_map_params(
-            self.optimizer, lambda v: var_sharding(v, mesh), abstract_opt,
-            transform_non_params=lambda _: _replicated(mesh),
-            is_leaf=lambda x: isinstance(x, nnx.Variable))
         rep = _replicated(mesh)
-        self.state_shardings = TrainState(rep, self.param_shardings, self.opt_shardings)
+        # moments are sharded as their parameters
+        opt = AdamWState(rep, self.param_shardings, self.param_shardings)
+        self.state_shardings = TrainState(rep, self.param_shardings, opt)
         self.compiles: dict[str, int] = {}
         self._cache: dict[tuple, Callable] = {}
         self._sum_names: tuple[str, ...] | None = None
@@ -249,9 +231,18 @@ class Steps:
 
     def zeros(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
         """An empty accumulator; its metric names depend on the config, not the bucket."""
+        init = self._zeros_fn(params, mb, rows)
+        return self._compiled("zeros", init, (), (), self._acc_shardings(self._sum_names))()
+
+    def accumulator_shapes(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
+        """What `zeros` returns, as ShapeDtypeStructs (no memory)."""
+        return jax.eval_shape(self._zeros_fn(params, mb, rows))
+
+    def _zeros_fn(self, params, mb: TrainBatch, rows: RowTargets):
         if self._sum_names is None:
             loss_fn = rl_loss if self.cfg.mode == "rl" else sft_loss
-            aux = jax.eval_shape(lambda p: loss_fn(self.graphdef, self.cfg, p, mb, rows)[1], params)
+            aux = jax.eval_shape(lambda p, b, r: loss_fn(self.graphdef, self.cfg, p, b, r)[1],
+                                 params, mb, rows)
             self._sum_names = tuple(sorted({**aux[0], **aux[1]}))
         names = self._sum_names
         shapes = [(x.shape, jnp.float32) for x in jax.tree.leaves(params)]
@@ -262,19 +253,24 @@ class Steps:
             zero = jnp.zeros((), jnp.float32)
             return Accumulator(grads, {k: zero for k in names}, Denominators(zero, zero))
 
-        acc_sh = self._acc_shardings(names)
-        return self._compiled("zeros", init, (), (), acc_sh)()
+        return init
 
     def accumulate(self, params, acc: Accumulator, mb: TrainBatch, rows: RowTargets) -> Accumulator:
+        return self.compile_accumulate(params, acc, mb, rows)(params, acc, mb, rows)
+
+    def compile_accumulate(self, params, acc: Accumulator, mb: TrainBatch, rows: RowTargets):
+        """The executable `accumulate` runs for these argument shapes (arrays or
+        ShapeDtypeStructs): compiled once per bucket, open to XLA's memory/cost analysis."""
         fn = lambda p, a, b, r: accumulate(self.graphdef, self.cfg, p, a, b, r)  # noqa: E731
         acc_sh = self._acc_shardings(acc.sums)
         return self._compiled(
             "accumulate", fn, (params, acc, mb, rows),
             (self.param_shardings, acc_sh, self.batch_shardings(mb), self.row_shardings(rows)),
-            acc_sh, donate=(1,))(params, acc, mb, rows)
+            acc_sh, donate=(1,))
 
     def apply(self, state: TrainState, acc: Accumulator) -> tuple[TrainState, dict]:
-        fn = lambda s, a: apply(self.optimizer, self.schedule, self.cfg, s, a)  # noqa: E731
+        """The next state; `state` is donated (its buffers hold the new state)."""
+        fn = lambda s, a: apply(self.cfg, s, a)  # noqa: E731
         rep = _replicated(self.mesh)
         out_sh = lambda out: (self.state_shardings, jax.tree.map(lambda _: rep, out[1]))  # noqa: E731
         return self._compiled("apply", fn, (state, acc),

@@ -42,5 +42,9 @@ def test_buckets_cover_every_tensor_once_within_size(model):
     flat = [item for b in buckets for item in b]
     assert [n for n, _ in flat] == list(full)
     assert all(np.array_equal(x, full[n]) and x.flags.c_contiguous for n, x in flat)
-    q = model.model.layers[0].self_attn.q_proj.kernel.get_value()
-    assert np.array_equal(full["model.layers.0.self_attn.q_proj.weight"], np.asarray(q).T)
+    q_LxDxQ = np.asarray(model.model.layers.self_attn.q_proj.kernel.get_value())
+    for i in range(len(q_LxDxQ)):  # stacked layers come out as one torch-layout tensor each
+        assert np.array_equal(full[f"model.layers.{i}.self_attn.q_proj.weight"], q_LxDxQ[i].T)
+    names = [n for n, _ in flat]
+    layer_of = [int(n.split(".")[2]) for n in names if n.startswith("model.layers.")]
+    assert layer_of == sorted(layer_of)  # layer by layer, as checkpoints list them

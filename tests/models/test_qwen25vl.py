@@ -49,13 +49,13 @@ def test_hidden_states_and_head_give_logits(hf_models, name):
 def test_gradients_with_remat_match_without(hf_models):
     path = hf_models["a"][0]
     grads = {}
-    for remat in ("none", "full", "dots"):
+    for remat in ("none", "full", "dots", "offload"):
         model, _ = load_model(path, remat=remat)
         inputs, ids = batch(model.config)
         graphdef, params = nnx.split(model)
         targets = jnp.asarray(np.roll(ids, -1, axis=1))
         grads[remat] = jax.jit(jax.grad(lambda p: token_logprob_sum(graphdef, p, inputs, targets)))(params)
-    for remat in ("full", "dots"):
+    for remat in ("full", "dots", "offload"):
         for a, b in zip(jax.tree.leaves(grads["none"]), jax.tree.leaves(grads[remat])):
             a, b = np.asarray(a), np.asarray(b)  # recomputation reorders fp32 sums: compare to the leaf's scale
             assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max() + 1e-7
@@ -76,8 +76,26 @@ def test_bf16_compute_keeps_fp32_params_and_logits(hf_models):
     assert np.abs(np.asarray(out) - ref).max() <= 0.03 * np.abs(ref).max()
 
 
-def test_unknown_remat_policy_is_an_error(hf_models):
-    model, _ = load_model(hf_models["a"][0], remat="sometimes")
-    inputs, _ = batch(model.config)
+def test_unknown_options_are_errors_at_load(hf_models):
     with pytest.raises(ValueError, match="unknown remat policy 'sometimes'"):
-        logits(model, inputs)
+        load_model(hf_models["a"][0], remat="sometimes")
+    with pytest.raises(ValueError, match="unknown attention implementation 'fast'"):
+        load_model(hf_models["a"][0], attention="fast")
+
+
+def test_long_inputs_blockwise_attention_matches_dense(hf_models):
+    """Past one block (512) of keys the XLA path runs blockwise, in the decoder (T = 641) and in
+    the vision tower's full attention (784 slots): the logits equal the dense path's."""
+    path = hf_models["a"][0]
+    pv, grid = R.images([(392, 392)], seed=6)
+    rng = np.random.default_rng(6)
+    ids, mask = R.batch([list(rng.integers(2, 200, 40)) + R.image_tokens(grid[0]) + list(rng.integers(2, 200, 400)),
+                         list(rng.integers(2, 200, 300))], pad="right")
+    out = {}
+    for impl in ("dense", "xla"):
+        model, _ = load_model(path, attention=impl)
+        inputs = make_inputs(model.config, ids, mask, pv, grid)
+        assert inputs.input_ids.shape[1] > 512 and inputs.pixel_values.shape[1] > 512
+        out[impl] = np.asarray(jit_logits(model, inputs))
+    err = np.abs(out["xla"] - out["dense"])[mask > 0].max()
+    assert 0 < err <= 1e-5 * np.abs(out["dense"]).max(), err  # 0 would mean one path ran twice

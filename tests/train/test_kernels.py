@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dart_jax.train.kernels import (naive_token_logprobs_entropy, token_logprobs_entropy,
+from dart_jax.train.kernels import (auto_chunks, naive_token_logprobs_entropy, token_logprobs_entropy,
                                     token_logprobs_entropy_BxT)
 
 
@@ -95,3 +95,33 @@ def test_temp_memory_does_not_grow_with_tokens_times_vocab():
     naive = _temp_bytes(naive_token_logprobs_entropy, 1024, D, V)
     assert large <= 1.25 * small
     assert naive >= 10 * small  # the [T, V] logits alone are 1024 * 30000 * 4 bytes
+
+
+@pytest.mark.parametrize("backend,tokens,vocab,want", [
+    ("gpu", 8 * 4096, 151_936, (4096, 15_232)),  # 10 equal chunks of the Qwen2.5-VL vocab
+    ("tpu", 8 * 4096, 151_936, (4096, 15_232)),
+    ("cpu", 8 * 4096, 151_936, (1024, 8064)),
+    ("cpu", 37, 101, (37, 101)),  # never larger than the problem
+])
+def test_auto_chunks_per_backend_and_shape(backend, tokens, vocab, want):
+    assert auto_chunks(backend, tokens, vocab) == want
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_auto_chunks_are_exact(backend):
+    """The chosen chunks (3 or 5 vocab chunks here, the last one shorter) change no value."""
+    h, w, tok, a, b = _inputs(T=48, D=8, V=40_000, seed=3)
+    ct, cv = auto_chunks(backend, 48, 40_000)
+    fused = _loss(token_logprobs_entropy, tok, a, b, chunk_tokens=ct, chunk_vocab=cv, entropy_grad=True)
+    naive = _loss(naive_token_logprobs_entropy, tok, a, b)
+    (v1, g1), (v2, g2) = (jax.value_and_grad(f, argnums=(0, 1))(h, w) for f in (fused, naive))
+    np.testing.assert_allclose(v1, v2, atol=1e-5, rtol=1e-6)
+    for x, y in zip(g1, g2):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_kernel_config_sets_what_it_names_and_leaves_the_rest_auto():
+    from dart_jax.train.config import KernelConfig
+    assert KernelConfig().chunks("gpu", 8 * 4096, 151_936) == (4096, 15_232)
+    assert KernelConfig(chunk_vocab=4096).chunks("gpu", 8 * 4096, 151_936) == (4096, 4096)
+    assert KernelConfig(chunk_tokens=256).chunks("cpu", 100, 101) == (256, 101)

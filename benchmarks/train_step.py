@@ -1,0 +1,301 @@
+"""Train-step throughput, MFU, peak memory and compile time: ours (JAX) vs transformers + torch.
+
+    python -m benchmarks.train_step                          # GPU/TPU: 0.5B..7B x 4k/8k/32k; CPU: tiny
+    python -m benchmarks.train_step --sizes 0.5B,1.5B --lengths 4096 --steps 5 --remat full
+    python -m benchmarks.train_step --compile-only --sizes 0.5B --lengths 4096 --remat none  # any host
+
+One step is an SFT update on `rows` sequences of `length` tokens (rows = tokens_per_step /
+length, at least 1): forward, backward, global-norm clip and AdamW, fp32 master weights with
+`--dtype` compute (bf16 off CPU). Ours is `train.step.Steps` (scanned layers, remat policy,
+attention kernel chosen per backend, fused log-prob kernel, fused AdamW). The reference is
+transformers' Qwen2_5_VLForConditionalGeneration on the same shapes: SDPA attention, gradient
+checkpointing, autocast to the compute dtype, clip_grad_norm_, AdamW (fused on CUDA). Both
+models carry a one-block vision tower that text-only steps do not run.
+
+Each (framework, size, length) runs in its own process (no allocator shared between JAX and
+torch; an out-of-memory kills only its own measurement). Figures: tokens/s (median step),
+MFU = tokens/s * flops_per_token / peak (formula in the output; recomputation not counted),
+peak device memory (JAX memory_stats / torch max_memory_allocated; on CPU, XLA's memory
+analysis of our compiled step), compile time (first step minus a steady one). The last line
+is JSON with every figure and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
+
+# name -> (hidden, intermediate, layers, heads, kv heads, vocab, tied): Qwen2.5(-VL) decoders
+SIZES = {
+    "tiny": (256, 512, 4, 4, 2, 8192, True),
+    "0.5B": (896, 4864, 24, 14, 2, 151_936, True),
+    "1.5B": (1536, 8960, 28, 12, 2, 151_936, True),
+    "3B": (2048, 11008, 36, 16, 2, 151_936, True),
+    "7B": (3584, 18944, 28, 28, 4, 152_064, False),
+}
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5 lite": 197e12,
+              "TPU v5p": 459e12, "TPU v6": 918e12}  # dense bf16
+FORMULA = "flops_per_token = 6 * N_matmul + 6 * layers * length * heads * head_dim (causal attention, fwd+bwd)"
+
+
+def model_config(size: str) -> Qwen25VLConfig:
+    d, inter, layers, heads, kv, vocab, tied = SIZES[size]
+    half = d // heads // 2
+    side = (half - half // 4) // 2
+    text = TextConfig(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, mrope_section=(half - 2 * side, side, side))
+    vision = VisionConfig(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=d,
+                          fullatt_block_indexes=(0,))
+    return Qwen25VLConfig(text=text, vision=vision, tie_word_embeddings=tied)
+
+
+def flops_per_token(config: Qwen25VLConfig, length: int) -> float:
+    t = config.text
+    attn_width = t.num_attention_heads * t.head_dim
+    kv_width = t.num_key_value_heads * t.head_dim
+    per_layer = t.hidden_size * (2 * attn_width + 2 * kv_width) + 3 * t.hidden_size * t.intermediate_size
+    n_matmul = t.num_hidden_layers * per_layer + t.hidden_size * t.vocab_size
+    return 6 * n_matmul + 6 * t.num_hidden_layers * length * attn_width
+
+
+def peak_flops(device_kind: str, override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    return next((v for k, v in PEAK_FLOPS.items() if k in device_kind), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    framework: str  # "jax" | "jax-compile" | "torch"
+    size: str
+    length: int
+    rows: int
+    steps: int
+    dtype: str
+    remat: str
+
+
+# ---- ours -----------------------------------------------------------------------------
+
+def synthetic_batch(config: Qwen25VLConfig, rows: int, length: int, seed: int = 0):
+    """A TrainBatch of random text tokens (no vision ids), every token attended and in the loss."""
+    from dart_jax.models.inputs import make_inputs
+    from dart_jax.train.batch import TrainBatch
+
+    high = min(config.text.vocab_size, config.vision_start_token_id)
+    ids = np.random.default_rng(seed).integers(0, high, (rows, length)).astype(np.int32)
+    f32 = lambda v: np.full(rows, v, np.float32)  # noqa: E731
+    return TrainBatch(make_inputs(config, ids), np.roll(ids, -1, axis=1), np.ones(ids.shape, np.float32),
+                      np.zeros(ids.shape, np.float32), f32(0), np.arange(rows, dtype=np.int32),
+                      np.arange(rows, dtype=np.int32), f32(1), f32(1), np.zeros(rows, np.int32),
+                      np.ones(rows, bool))
+
+
+def run_jax(job: Job) -> dict:
+    import jax
+    from flax import nnx
+
+    from dart_jax.models.qwen25vl import create_model
+    from dart_jax.models.sharding import make_mesh
+    from dart_jax.train.config import OptimizerConfig, TrainerConfig
+    from dart_jax.train.pipeline import to_global
+    from dart_jax.train.step import RowTargets, Scores, Steps
+
+    config = model_config(job.size)
+    mesh = make_mesh(1, 1, 1)
+    model = nnx.jit(lambda: create_model(config, dtype=job.dtype, remat=job.remat))()
+    graphdef, params = nnx.split(model)
+    cfg = TrainerConfig(mode="sft", compute_dtype=job.dtype, remat=job.remat, optimizer=OptimizerConfig(lr=1e-5))
+    steps = Steps(graphdef, params, cfg, mesh)
+    state = steps.init_state(params)
+    del model, params
+    mb = to_global(synthetic_batch(config, job.rows, job.length), mesh)
+    ones = jax.device_put(np.ones(job.rows, np.float32), steps.row_shardings(mb.step_weight_B))
+    rows = RowTargets(ones, ones, Scores(None, None, None))
+
+    def step(state):
+        acc = steps.zeros(state.params, mb, rows)
+        return steps.apply(state, steps.accumulate(state.params, acc, mb, rows))
+
+    start = time.perf_counter()
+    state, metrics = step(state)
+    jax.block_until_ready(metrics)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(job.steps):
+        start = time.perf_counter()
+        state, metrics = step(state)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    peak, source = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use"), "memory_stats"
+    if peak is None:  # CPU: XLA's analysis of the compiled accumulate step
+        exe = steps.compile_accumulate(state.params, steps.accumulator_shapes(state.params, mb, rows), mb, rows)
+        peak, source = xla_bytes(exe), "xla_memory_analysis"
+    return {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
+            "peak_bytes": int(peak), "peak_source": source, "loss": float(metrics["loss/total"])}
+
+
+def xla_bytes(exe) -> int:
+    m = exe.memory_analysis()
+    return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+
+
+def compile_jax(job: Job) -> dict:
+    """Compile ours without running it (no parameter memory): XLA's memory analysis of the
+    accumulate step (forward + backward) and the compile time, for shapes this host cannot run."""
+    import jax
+
+    from dart_jax.models.qwen25vl import abstract_model
+    from dart_jax.models.sharding import make_mesh
+    from dart_jax.train.config import TrainerConfig
+    from dart_jax.train.step import RowTargets, Scores, Steps
+
+    config = model_config(job.size)
+    graphdef, params = abstract_model(config, dtype=job.dtype)
+    cfg = TrainerConfig(mode="sft", compute_dtype=job.dtype, remat=job.remat)
+    steps = Steps(graphdef, params, cfg, make_mesh(1, 1, 1))
+    sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+    params = jax.tree.map(sds, params)
+    mb = jax.tree.map(sds, synthetic_batch(config, job.rows, job.length))
+    ones = jax.ShapeDtypeStruct((job.rows,), np.float32)
+    rows = RowTargets(ones, ones, Scores(None, None, None))
+    start = time.perf_counter()
+    exe = steps.compile_accumulate(params, steps.accumulator_shapes(params, mb, rows), mb, rows)
+    m = exe.memory_analysis()
+    return {"compile_s": time.perf_counter() - start, "temp_bytes": m.temp_size_in_bytes,
+            "argument_bytes": m.argument_size_in_bytes, "peak_bytes": xla_bytes(exe),
+            "peak_source": "xla_memory_analysis"}
+
+
+# ---- transformers + torch -------------------------------------------------------------
+
+def run_torch(job: Job) -> dict:
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    hf_config = Qwen2_5_VLConfig(**model_config(job.size).to_hf())
+    hf_config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = Qwen2_5_VLForConditionalGeneration(hf_config).train()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=cuda)
+    gen = torch.Generator(device).manual_seed(0)
+    ids = torch.randint(0, hf_config.text_config.vocab_size, (job.rows, job.length), device=device, generator=gen)
+    compute = getattr(torch, job.dtype)
+
+    def step() -> float:
+        with torch.autocast(device, dtype=compute, enabled=compute != torch.float32):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)  # waits for the device
+
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(job.steps):
+        start = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - start)
+    peak = int(torch.cuda.max_memory_allocated()) if cuda else None
+    return {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
+            "peak_bytes": peak, "peak_source": "max_memory_allocated" if cuda else None, "loss": loss}
+
+
+# ---- driver ---------------------------------------------------------------------------
+
+def measure(job: Job, timeout: int) -> dict:
+    """One job in a fresh process: its figures, or why there are none."""
+    cmd = [sys.executable, "-m", "benchmarks.train_step", "--worker", json.dumps(dataclasses.asdict(job))]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": f"timeout after {timeout} s"}
+    lines = out.stdout.strip().splitlines()
+    if out.returncode or not lines:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+        oom = any(w in out.stderr for w in ("RESOURCE_EXHAUSTED", "OutOfMemoryError", "out of memory"))
+        return {"status": "out of memory" if oom else f"failed: {tail[0][:300]}"}
+    return {"status": "ok", **json.loads(lines[-1])}
+
+
+def summarize(job: Job, res: dict, peak: float | None) -> dict:
+    if res["status"] != "ok" or "step_s" not in res:
+        return res
+    tokens = job.rows * job.length
+    tps = tokens / res["step_s"]
+    mfu = tps * flops_per_token(model_config(job.size), job.length) / peak if peak else None
+    return {**res, "tokens_per_s": tps, "mfu": mfu}
+
+
+def machine() -> dict:
+    import jax
+
+    dev = jax.devices()[0]
+    return {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "backend": jax.default_backend(), "device": dev.device_kind, "devices": jax.device_count(),
+            "jax": jax.__version__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", help=f"comma-separated, from {list(SIZES)} (default: tiny on CPU, else 0.5B..7B)")
+    ap.add_argument("--lengths", help="comma-separated tokens per sequence (default: 512,1024 on CPU, else 4096,8192,32768)")
+    ap.add_argument("--tokens-per-step", type=int, help="rows = this / length (default 2048 on CPU, else 32768)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--dtype", help="compute dtype (default: float32 on CPU, else bfloat16)")
+    ap.add_argument("--remat", default="full")
+    ap.add_argument("--frameworks", default="jax,torch")
+    ap.add_argument("--peak-tflops", type=float, help="peak dense TFLOP/s of the device, for MFU where unknown")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per measurement")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="ours only, compiled not run: XLA's memory analysis and compile time")
+    args = ap.parse_args()
+    if args.worker:
+        job = Job(**json.loads(args.worker))
+        run = {"jax": run_jax, "jax-compile": compile_jax, "torch": run_torch}[job.framework]
+        print(json.dumps(run(job)))
+        return
+    info = machine()
+    small = info["backend"] == "cpu" and not args.compile_only  # compiling needs no device memory
+    sizes = (args.sizes or ("tiny" if small else "0.5B,1.5B,3B,7B")).split(",")
+    lengths = [int(x) for x in (args.lengths or ("512,1024" if small else "4096,8192,32768")).split(",")]
+    per_step = args.tokens_per_step or (2048 if small else 32768)
+    dtype = args.dtype or ("float32" if small else "bfloat16")
+    peak = peak_flops(info["device"], args.peak_tflops)
+    results = []
+    for size in sizes:
+        for length in lengths:
+            row = {"size": size, "length": length, "rows": max(1, per_step // length)}
+            for fw in ["jax-compile"] if args.compile_only else args.frameworks.split(","):
+                job = Job(fw, size, length, row["rows"], args.steps, dtype, args.remat)
+                row[fw] = summarize(job, measure(job, args.timeout), peak)
+            ours, ref = row.get("jax", {}), row.get("torch", {})
+            if ours.get("status") == ref.get("status") == "ok":
+                row["speedup_vs_torch"] = ours["tokens_per_s"] / ref["tokens_per_s"]
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            results.append(row)
+    print(json.dumps({"benchmark": "train_step", "formula": FORMULA, "peak_flops": peak, "dtype": dtype,
+                      "remat": args.remat, "tokens_per_step": per_step, "results": results, "machine": info}))
+
+
+if __name__ == "__main__":
+    main()
