@@ -157,10 +157,11 @@ def vision_term(model, trainer, b: Batch, mesh, c: int, dense: bool) -> Term:
                 f"N = R*S slots: {formula}; merger N*(3*{v.hidden_size} + {model.text.hidden_size}/4)*c")
 
 
-def kernel_term(model, trainer, b: Batch, p: Params, c: int) -> Term:
-    k, t = trainer.kernel, model.text
-    positions = min(max(1, k.chunk_tokens // b.rows), b.seq_len)
-    vocab = min(k.chunk_vocab, t.vocab_size)
+def kernel_term(model, trainer, b: Batch, p: Params, c: int, backend: str) -> Term:
+    chunk_tokens, chunk_vocab = trainer.kernel.chunks(backend, b.rows * b.seq_len, model.text.vocab_size)
+    t = model.text
+    positions = min(max(1, chunk_tokens // b.rows), b.seq_len)
+    vocab = min(chunk_vocab, t.vocab_size)
     blocks = 3 * positions * b.rows_chip * vocab * F32
     hidden = 2 * b.rows_chip * b.seq_len * t.hidden_size * c
     return Term("log-prob kernel", blocks + p.head * (c + F32) + hidden,
@@ -168,11 +169,11 @@ def kernel_term(model, trainer, b: Batch, p: Params, c: int) -> Term:
                 f"{p.head:,.0f} x ({c} + 4 B) + h, dh 2*R*T*{t.hidden_size}*{c}")
 
 
-def step_terms(model, trainer, b: Batch, p: Params, mesh, c: int, dense: bool) -> list[Term]:
+def step_terms(model, trainer, b: Batch, p: Params, mesh, c: int, dense: bool, backend: str) -> list[Term]:
     v = model.vision
     inputs = b.rows_chip * (b.slots * (v.patch_dim + 3) + b.seq_len * INPUT_ARRAYS_PER_TOKEN) * F32
     return [text_term(model, trainer, b, mesh, c, dense), vision_term(model, trainer, b, mesh, c, dense),
-            kernel_term(model, trainer, b, p, c),
+            kernel_term(model, trainer, b, p, c, backend),
             Term("gathered", 2 * p.layer * c, f"2 x {p.layer:,.0f} (largest layer / tp) x {c} B"),
             Term("inputs", inputs, f"R*(S*({v.patch_dim}+3) + T*{INPUT_ARRAYS_PER_TOKEN})*4 B")]
 
@@ -219,7 +220,7 @@ def build(cfg, source: str) -> Plan:
     # runs a flash kernel (splash on TPU, cuDNN on GPU); only "dense" keeps [T, T] scores
     attention = getattr(tr, "attention", "auto")
     try:
-        step = step_terms(model, tr, b, p, mesh, c, attention == "dense")
+        step = step_terms(model, tr, b, p, mesh, c, attention == "dense", "tpu" if chip_.is_tpu else "gpu")
     except ValueError as e:  # a remat policy without a formula
         raise ConfigError(source, "trainer.remat", str(e)) from None
     apply = Term("apply", 2 * F32 * p.chip, "8 B x P, scaled gradients and AdamW updates (optimizer step)")

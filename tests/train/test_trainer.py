@@ -71,7 +71,8 @@ def test_fifty_rl_steps_compile_once_per_bucket(tiny_dir):
 def _write_run_config(tmp: Path, name: str, tiny_dir: Path, data: Path) -> Path:
     cfg = {
         "run": {"name": name, "root": str(tmp)},
-        "train": {"steps": 8, "sft_data": str(data), "policy_dir": str(tiny_dir), "export": False},
+        "policy": {"hf_dir": str(tiny_dir)},
+        "train": {"steps": 8, "sft_data": str(data), "export": False},
         "trainer": {"mode": "sft", "optimizer": {"lr": 1e-3},
                     "checkpoint": {"every_steps": 2, "keep": 2},
                     "buckets": {"seq_lens": [768, 1024], "num_slots": [768, 1536], "rows": 2}},
