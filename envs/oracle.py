@@ -87,6 +87,11 @@ def _syn_click_button(instruction, elements, obs):
     return _press(_find(elements, "button", label), obs, f'Click the "{label}" button.')
 
 
+def _syn_click_color(instruction, elements, obs):
+    (label,) = _quoted(instruction)[:1]
+    return _press(_find(elements, "button", label), obs, f'Click the "{label}" square.')
+
+
 def _syn_select_item(instruction, elements, obs):
     (label,) = _quoted(instruction)[:1]
     return _press(_find(elements, "listitem", label), obs, f'Select "{label}".')
@@ -178,6 +183,7 @@ def _mw_click_checkboxes(instruction, elements, obs):
 
 SOLVERS: dict[tuple[str, str], Solver] = {
     ("synthetic", "click-button"): _syn_click_button,
+    ("synthetic", "click-color"): _syn_click_color,
     ("synthetic", "select-item"): _syn_select_item,
     ("synthetic", "enter-text"): _syn_enter_text,
     ("synthetic", "check-boxes"): _syn_check_boxes,

@@ -4,6 +4,8 @@ Tasks (difficulty 1-3 adds distractors and makes the page taller than the screen
 targets must be scrolled to):
 
 - click-button:  click the button with the given label.
+- click-color:   click the square of the named color (colored tiles in a shuffled grid:
+                 grounding by color, which a small vision tower learns quickly).
 - enter-text:    type a word into a text field, then press Submit.
 - check-boxes:   tick exactly the named checkboxes, then Submit.
 - select-item:   click the named entry of a long list.
@@ -29,11 +31,13 @@ from envs import dom
 from envs.config import Latency
 from envs.types import Action, Observation, StepResult, Task, TaskError
 
-TASKS = ("click-button", "enter-text", "check-boxes", "select-item", "form")
+TASKS = ("click-button", "click-color", "enter-text", "check-boxes", "select-item", "form")
 HEADER = 40
 WORDS = ("apple", "river", "cloud", "tiger", "maple", "stone", "piano", "ocean", "lemon", "ember",
          "frost", "orbit", "cedar", "pearl", "delta", "quartz", "nova", "sable", "tulip", "zephyr")
 PLANS = ("Basic", "Pro", "Team", "Enterprise")
+COLORS = {"Red": (220, 50, 47), "Green": (40, 170, 60), "Blue": (38, 110, 220), "Yellow": (240, 200, 30),
+          "Purple": (140, 70, 190), "Orange": (245, 130, 30)}
 
 
 @dataclasses.dataclass
@@ -48,6 +52,7 @@ class Widget:
     page: int = 0
     value: str = ""
     checked: bool = False
+    fill: tuple[int, int, int] | None = None  # a colored tile (click-color)
 
 
 @dataclasses.dataclass
@@ -147,7 +152,7 @@ class SyntheticEnv:
         if widget.label == "Next":
             self.page, self.scroll, self.focus = self.page + 1, 0, None
             return
-        if name in ("click-button", "select-item"):
+        if name in ("click-button", "click-color", "select-item"):
             self.success = widget.label == goal["label"]
         else:  # a Submit button: compare the whole state with the goal
             values = {w.label: w.value for w in self.scene.widgets if w.role == "textbox"}
@@ -202,7 +207,10 @@ class SyntheticEnv:
 
     def _draw(self, draw: ImageDraw.ImageDraw, w: Widget, sy: int) -> None:
         box = (w.x, sy, w.x + w.w - 1, sy + w.h - 1)
-        if w.role == "button":
+        if w.fill is not None:
+            draw.rectangle(box, fill=w.fill)
+            draw.text((w.x + 6, sy + 5), w.label, fill="white", font=self.font)
+        elif w.role == "button":
             draw.rounded_rectangle(box, radius=4, fill=(66, 133, 244))
             draw.text((w.x + 6, sy + 5), w.label, fill="white", font=self.font)
         elif w.role == "textbox":
@@ -254,6 +262,18 @@ def _gen_click_button(rng, difficulty, width) -> Scenario:
     return Scenario(f'Click the "{target}" button.', widgets, {"label": target}, _page_height(widgets))
 
 
+def _gen_click_color(rng, difficulty, width) -> Scenario:
+    """Tiles of 2 + 2 * difficulty colors in a shuffled two-column grid filling the page."""
+    names = list(COLORS)[:2 + 2 * difficulty]
+    rng.shuffle(names)
+    rows, tile_w = (len(names) + 1) // 2, (width - 30) // 2
+    tile_h = (250 - 10 * (rows + 1)) // rows
+    widgets = [Widget(i + 1, "button", name, 10 + (i % 2) * (tile_w + 10), 10 + (i // 2) * (tile_h + 10),
+                      tile_w, tile_h, fill=COLORS[name]) for i, name in enumerate(names)]
+    target = rng.choice(names)
+    return Scenario(f'Click the "{target}" square.', widgets, {"label": target}, _page_height(widgets))
+
+
 def _gen_enter_text(rng, difficulty, width) -> Scenario:
     word, fields = rng.choice(WORDS), rng.sample(("Name", "City", "Email", "Code"), difficulty)
     widgets = _column(rng, fields, "textbox", difficulty, width)
@@ -291,5 +311,5 @@ def _gen_form(rng, difficulty, width) -> Scenario:
                     _page_height(widgets))
 
 
-_GENERATORS = {"click-button": _gen_click_button, "enter-text": _gen_enter_text,
+_GENERATORS = {"click-button": _gen_click_button, "click-color": _gen_click_color, "enter-text": _gen_enter_text,
                "check-boxes": _gen_check_boxes, "select-item": _gen_select_item, "form": _gen_form}

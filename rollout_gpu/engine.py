@@ -72,8 +72,12 @@ def check_image_processor(hf_dir: str | Path) -> None:
 
 
 def engine_args(hf_dir: str | Path, cfg: EngineConfig):
+    """vLLM's arguments. On CPU, prefills are never chunked: vLLM CPU 0.32 rewinds a seeded
+    request's random generator after a partial prefill, which CPU generators cannot do
+    (`CPU Generator does not use offset` kills the engine); evaluation seeds its requests."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     return AsyncEngineArgs(
+        enable_chunked_prefill=not _on_cpu(),
         model=str(hf_dir), dtype=cfg.dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,
         enforce_eager=cfg.enforce_eager, max_num_seqs=cfg.max_num_seqs,
         limit_mm_per_prompt={"image": cfg.max_images}, tensor_parallel_size=cfg.tensor_parallel_size,

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import re
 import time
 import zlib
 from pathlib import Path
@@ -41,6 +42,7 @@ class Outcome:
     reward: float
     steps: int
     status: str
+    actions: tuple[str, ...] = ()  # what the policy wrote, step by step (each cut at 160 characters)
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -111,25 +113,31 @@ async def play(engine, builder, envs, episodes, cfg: EvalConfig, temperature: fl
             env, _ = await envs.acquire(task.backend, 600.0)
             async with env:
                 t = await run_episode(env, task, policy, builder, max_steps=cfg.max_steps, source="rollout")
-            outcomes.append(Outcome(task.task_id, mode, i, t.status == "success", t.reward, len(t.steps), t.status))
+            outcomes.append(Outcome(task.task_id, mode, i, t.status == "success", t.reward, len(t.steps), t.status,
+                                    tuple(s.response_text[:160] for s in t.steps)))
 
     await asyncio.gather(*(player() for _ in range(min(cfg.concurrency, len(episodes)))))
     return outcomes
 
 
-async def evaluate(run_cfg, policy_dir: Path, tasks: Sequence[TaskSpec]) -> list[Outcome]:
-    """Play the eval split with a vLLM engine on `policy_dir` against the run's env servers."""
+async def evaluate(run_cfg, policy_dir: Path, tasks: Sequence[TaskSpec], env_endpoint: str) -> list[Outcome]:
+    """Play the eval split with a vLLM engine on `policy_dir`, against env slots of the run's
+    kinds served here on `env_endpoint` (fresh slots, whatever the run's servers are doing)."""
     from dart_jax.agent.prompt import PromptBuilder
-    from dart_jax.run.supervisor import env_wires
+    from envs.server import serving
     from rollout_gpu.engine import Engine
     from rollout_gpu.worker import EnvPool
+    envs_cfg = dataclasses.replace(run_cfg.envs, wire=dataclasses.replace(run_cfg.envs.wire, endpoint=env_endpoint))
     engine = await Engine.start(policy_dir, run_cfg.rollout.engine, run_cfg.rollout.sampling)
-    envs = EnvPool(run_cfg.rollout.env_servers or env_wires(run_cfg), "eval")
     try:
-        return await play(engine, PromptBuilder.from_pretrained(policy_dir, run_cfg.rollout.prompt), envs, plan(tasks, run_cfg.eval),
-                          run_cfg.eval, run_cfg.rollout.sampling.temperature)
+        with serving(envs_cfg) as (_, wire):
+            envs = EnvPool([dataclasses.replace(envs_cfg.wire, endpoint=wire.endpoint)], "eval")
+            try:
+                return await play(engine, PromptBuilder.from_pretrained(policy_dir, run_cfg.rollout.prompt), envs,
+                                  plan(tasks, run_cfg.eval), run_cfg.eval, run_cfg.rollout.sampling.temperature)
+            finally:
+                await envs.aclose()
     finally:
-        await envs.aclose()
         engine.shutdown()
 
 
@@ -153,7 +161,7 @@ def table(result: dict) -> str:
 
 
 def load_outcomes(path: Path) -> list[Outcome]:
-    return [Outcome(**e) for e in json.loads(Path(path).read_text())["episodes"]]
+    return [Outcome(**{**e, "actions": tuple(e.get("actions", ()))}) for e in json.loads(Path(path).read_text())["episodes"]]
 
 
 def resolve_policy(run, policy: Path, label: str) -> Path:
@@ -175,7 +183,10 @@ def main(cfg, run, policy: Path | None, label: str) -> dict:
     tasks = load_tasks(cfg.data.tasks, run.root)
     if not any(t.split == "eval" for t in tasks):
         raise ValueError(f"the run's tasks ({cfg.data.tasks.task_file or 'inline'}) have no eval split")
-    result = report(label, policy_dir, asyncio.run(evaluate(cfg, policy_dir, tasks)))
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", label):
+        raise ValueError(f"eval label {label!r}: letters, digits, '_', '.', '-' (it names a file)")
+    endpoint = f"ipc://{run.root.resolve()}/eval-{label}.sock"
+    result = report(label, policy_dir, asyncio.run(evaluate(cfg, policy_dir, tasks, endpoint)))
     out = run.root / "eval" / f"{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

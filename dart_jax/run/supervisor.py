@@ -95,6 +95,7 @@ class Supervisor:
         self.launchers = launchers or {"local": LocalLauncher()}
         self.members: list[Member] = []
         self.hosts: dict[str, str] = {}  # env server endpoint -> the node it runs on (Ray)
+        self._stopped: dict[str, int] = {}  # restarts of instances already stopped (an earlier phase)
         self._last_ping = 0.0
 
     def launcher(self, name: str):
@@ -213,14 +214,23 @@ class Supervisor:
         roles = set(ORDER if roles is None else roles)
         for member in sorted((m for m in self.members if m.instance.role in roles),
                              key=lambda m: -ORDER.index(m.instance.role)):
+            name, restarts = member.instance.name, self._restarts_of(member)
             if member.process is not None:
                 member.process.stop()
+            self._stopped[name] = self._stopped.get(name, 0) + restarts
         self.members = [m for m in self.members if m.instance.role not in roles]
 
+    @staticmethod
+    def _restarts_of(member: Member) -> int:
+        """The supervisor's restarts of an instance, and the cluster's own (Ray)."""
+        return member.restarts + (member.process.restarts() if hasattr(member.process, "restarts") else 0)
+
     def restarts(self) -> dict[str, int]:
-        """Restarts of each instance: the supervisor's, and the cluster's own (Ray)."""
-        return {m.instance.name: m.restarts + (m.process.restarts() if hasattr(m.process, "restarts") else 0)
-                for m in self.members}
+        """Restarts of each instance over the whole run, stopped ones included."""
+        counts = dict(self._stopped)
+        for member in self.members:
+            counts[member.instance.name] = counts.get(member.instance.name, 0) + self._restarts_of(member)
+        return counts
 
     def log_of(self, name: str) -> Path:
         return next(m.instance.log for m in self.members if m.instance.name == name)

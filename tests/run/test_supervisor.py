@@ -1,0 +1,112 @@
+"""The supervisor's rules, with scripted processes: restarts with backoff, giving up with a
+message naming the role and its log, bad configs, silent servers, per-instance configs."""
+
+import dataclasses
+
+import pytest
+
+from dart_jax.run import supervisor as sup_lib
+from dart_jax.run.schema import RoleSpec, RunConfig, RunSection
+from dart_jax.run.supervisor import RunFailed, Supervisor, instance_configs
+from dart_jax.rundir import RunDir
+from dart_jax.wire import Server, WireConfig
+from dart_jax.wire.messages import Pong
+
+
+class Scripted:
+    """A process whose exit codes come from a script: None while it runs."""
+
+    def __init__(self, codes):
+        self.codes, self.killed, self.stopped = list(codes), False, False
+
+    def exit_code(self):
+        return self.codes.pop(0) if len(self.codes) > 1 else self.codes[0]
+
+    def stop(self, grace_s=20.0):
+        self.stopped = True
+
+    def kill(self):
+        self.killed = True
+
+
+class Launcher:
+    def __init__(self, scripts):
+        self.scripts, self.started = scripts, []
+
+    def start(self, instance, resources=None):
+        self.started.append(instance.name)
+        return Scripted(self.scripts[instance.name].pop(0))
+
+
+def _cfg(tmp_path, *roles, max_restarts=2) -> RunConfig:
+    placement = tuple(RoleSpec(r, max_restarts=max_restarts) for r in roles)
+    return RunConfig(run=RunSection(name="s", root=str(tmp_path), placement=placement, heartbeat_s=0.05))
+
+
+def _supervisor(tmp_path, cfg, scripts, monkeypatch) -> Supervisor:
+    monkeypatch.setattr(sup_lib.time, "sleep", lambda s: None)
+    return Supervisor(cfg, RunDir.create(tmp_path / "s"), {"local": Launcher(scripts)})
+
+
+def test_a_dead_role_restarts_after_a_backoff_and_a_finished_trainer_ends_the_wait(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000))
+    monkeypatch.setattr(sup_lib.time, "monotonic", lambda: float(next(clock)))
+    scripts = {"rollout": [[None, None, -9], [None]], "trainer": [[None, None, None, None, None, None, 0]]}
+    sup = _supervisor(tmp_path, _cfg(tmp_path, "rollout", "trainer"), scripts, monkeypatch)
+    sup.start({"rollout", "trainer"})
+    sup.wait_done("trainer")
+    assert sup.launchers["local"].started == ["trainer", "rollout", "rollout"]
+    assert sup.restarts() == {"trainer": 0, "rollout": 1}
+    assert (tmp_path / "s" / "roles" / "rollout.yaml").exists()
+    sup.stop({"rollout", "trainer"})  # the phase ends: the run's summary still counts its restarts
+    assert sup.restarts() == {"trainer": 0, "rollout": 1}
+
+
+def test_a_role_that_keeps_dying_stops_the_run_naming_it_and_its_log(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000, 100))  # every backoff has passed by the next look
+    monkeypatch.setattr(sup_lib.time, "monotonic", lambda: float(next(clock)))
+    scripts = {"rollout": [[1], [1], [1]], "trainer": [[None]]}
+    sup = _supervisor(tmp_path, _cfg(tmp_path, "rollout", "trainer", max_restarts=2), scripts, monkeypatch)
+    sup.start({"rollout", "trainer"})
+    with pytest.raises(RunFailed, match=r"rollout died 3 times \(last exit code 1\).*logs/rollout.out.log"):
+        for _ in range(20):
+            sup.poll()
+
+
+def test_a_refused_config_stops_the_run_at_once(tmp_path, monkeypatch):
+    sup = _supervisor(tmp_path, _cfg(tmp_path, "trainer"), {"trainer": [[2]]}, monkeypatch)
+    sup.start({"trainer"})
+    with pytest.raises(RunFailed, match="trainer refused its config"):
+        sup.poll()
+
+
+def test_a_server_that_stops_answering_is_killed(tmp_path, monkeypatch):
+    wire = WireConfig(endpoint=f"ipc://{tmp_path}/dm.sock")
+    server = Server(wire, lambda m: Pong(role="x", pid=0, uptime_s=0.0), role="data-manager").start()
+    cfg = dataclasses.replace(_cfg(tmp_path, "data-manager"), data=dataclasses.replace(RunConfig().data, wire=wire))
+    sup = _supervisor(tmp_path, cfg, {"data-manager": [[None]]}, monkeypatch)
+    sup.start({"data-manager"})  # answers Ping: ready
+    server.stop()  # alive but silent from now on
+    member = sup.members[0]
+    for _ in range(sup_lib.MISSES):
+        sup._last_ping = -1e9
+        sup.poll()
+    assert member.process.killed
+
+
+def test_instances_get_their_own_endpoints_and_ids():
+    cfg = RunConfig(run=RunSection(placement=(RoleSpec("env-server", count=3), RoleSpec("rollout", count=2))))
+    envs = instance_configs(cfg, "env-server", 3)
+    assert [c.envs.wire.endpoint for c in envs] == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556",
+                                                      "tcp://127.0.0.1:5557"]
+    workers = instance_configs(cfg, "rollout", 2)
+    assert [c.rollout.worker_id for c in workers] == ["rollout-0", "rollout-1"]
+    assert [w.endpoint for w in workers[1].rollout.env_servers] == [c.envs.wire.endpoint for c in envs]
+
+
+def test_an_env_server_on_all_interfaces_is_reached_at_its_node():
+    cfg = RunConfig(run=RunSection(placement=(RoleSpec("env-server"), RoleSpec("rollout"))))
+    cfg = dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, wire=WireConfig(
+        endpoint="tcp://0.0.0.0:7000", allow_remote=True)))
+    (worker,) = instance_configs(cfg, "rollout", 1, hosts={"tcp://0.0.0.0:7000": "10.1.2.3"})
+    assert [w.endpoint for w in worker.rollout.env_servers] == ["tcp://10.1.2.3:7000"]
