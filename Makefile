@@ -17,7 +17,7 @@ test-fast: setup
 	@bash scripts/test.sh -m "not slow" $(PYTEST_ARGS)
 
 run: setup
-	$(PY) -m dart_jax.cli local $(CONFIG) run.name=$(RUN_NAME) $(ARGS)
+	$(PY) -m dart_jax.cli run $(CONFIG) run.name=$(RUN_NAME) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

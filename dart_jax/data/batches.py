@@ -46,8 +46,7 @@ class BatchAssembler:
         fresh = self.store.fresh_candidates(trainer_version - cfg.max_staleness)
         need = {t: curation.rollout_count(curation.success_rate(
             self.store.recent_outcomes(t, cfg.success_window)), cfg) for t in fresh}
-        pool = {t: self.store.pool_successes(t) for t, recs in fresh.items()
-                if not any(r.success for r in recs)}
+        pool = {t: self._pool(t) for t, recs in fresh.items() if not any(r.success for r in recs)}
         wanted = min(cfg.tasks_per_batch, len(self.store.tasks("train")))
         if wanted == 0:
             return "no training tasks in this run"
@@ -63,12 +62,16 @@ class BatchAssembler:
         if tasks is None:
             return f"the round of version {version} is still rolling out"
         fresh = self.store.fresh_candidates(version)
-        groups = [curation.round_group(t, fresh[t], self.store.pool_successes(t), self.cfg)
+        groups = [curation.round_group(t, fresh[t], self._pool(t), self.cfg)
                   for t in dict.fromkeys(tasks) if fresh.get(t)]
         if not groups:
             self.sync.restart_round()
             return f"the round of version {version} gave no trainable rollouts; rolling it again"
         return groups
+
+    def _pool(self, task_id: str):
+        """The experience pool's successes of a task (none when the pool is switched off)."""
+        return self.store.pool_successes(task_id) if self.cfg.experience_pool else ()
 
     def replay(self, batch_id: int) -> CuratedBatch:
         recorded = self.store.batch(batch_id)

@@ -52,6 +52,9 @@ class CurationConfig:
     tasks_per_batch: int = bounded(8, ge=1)
     group_size: int = bounded(8, ge=2)
     max_staleness: int = bounded(1, ge=0)  # trainer version - oldest sampling version
+    # Experience pool: a group without a success takes one stored success of its task
+    # (demonstrations, earlier rollouts); off: a group's success must be one of its own.
+    experience_pool: bool = True
     keep_all_success_groups: bool = False  # zero-advantage groups; waiting gives a failure a chance
     # Scheduling: no task is handed out while every task already has this many rollouts
     # in flight or waiting unused (back-pressure against stale data).

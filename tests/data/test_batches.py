@@ -91,6 +91,7 @@ def test_group_without_success_and_without_pool_waits(store):
     asm = BatchAssembler(store, CFG)
     assert isinstance(ask(asm), NoBatch)
     put(store, make_trajectory("demo-t0", "t0", success=True, source="demo"))
+    assert isinstance(ask(BatchAssembler(store, dataclasses.replace(CFG, experience_pool=False))), NoBatch)
     assert ask(asm).injected == ["demo-t0"]
 
 
