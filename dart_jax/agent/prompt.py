@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -68,6 +68,12 @@ Action: ...
 {instruction}
 """
 
+# For small policies trained from scratch (the local learning proof): the task alone. The
+# UI-TARS text above is ~540 tokens the policy must learn to look past before it can find
+# the instruction; a model pretrained on it (UI-TARS, DART-GUI) wants it verbatim.
+COMPACT_PROMPT = "Task: {instruction}\n"
+TEMPLATES = {"computer_use": COMPUTER_USE_PROMPT, "compact": COMPACT_PROMPT}
+
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 _POINT_ARG = re.compile(r"(start_box|end_box)='(\([^()']*\))'")
 
@@ -82,10 +88,13 @@ class PromptConfig:
     max_images: int = 5
     max_responses: int = 35
     language: str = "English"
+    template: Literal["computer_use", "compact"] = "computer_use"  # the first user turn's text
 
     def __post_init__(self):
         if self.max_images < 1 or self.max_responses < 0:
             raise ValueError("max_images must be >= 1 and max_responses >= 0")
+        if self.template not in TEMPLATES:
+            raise ValueError(f"prompt template {self.template!r}: one of {sorted(TEMPLATES)}")
 
 
 def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses: Sequence[str],
@@ -104,7 +113,7 @@ def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses
     def image_turn(i: int) -> list[dict]:
         return [{"type": "image", "image": screenshots[i]}] if i >= first_image else []
 
-    task = COMPUTER_USE_PROMPT.format(language=cfg.language, instruction=instruction)
+    task = TEMPLATES[cfg.template].format(language=cfg.language, instruction=instruction)
     messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
                 {"role": "user", "content": [{"type": "text", "text": task}] + image_turn(0)}]
     for i, response in enumerate(responses):

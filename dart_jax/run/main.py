@@ -131,6 +131,7 @@ def gain(run: RunDir, labels: list[str]) -> dict:
 
 
 def run(cfg: RunConfig) -> dict:
+    cfg = cfg.seeded()
     run_dir, policy = prepare(cfg)
     summary: dict = {"run_dir": str(run_dir.root), "mode": cfg.run.mode}
     labels: list[str] = []

@@ -45,8 +45,8 @@ PLACEMENT = (RoleSpec("data-manager"), RoleSpec("env-server"), RoleSpec("rollout
 
 @dataclasses.dataclass(frozen=True)
 class RunSection:
-    """Where the run writes (`root/name`, see dart_jax.rundir), its seed, and how `dart-jax
-    run` runs it. `mode`: async (DART: roles never wait on each other) or sync (rounds: roll
+    """Where the run writes (`root/name`, see dart_jax.rundir), its seed (not 0: the seed of
+    every component, `RunConfig.seeded`), and how `dart-jax run` runs it. `mode`: async (DART: roles never wait on each other) or sync (rounds: roll
     out with the newest version, train on exactly that, publish, every worker syncs).
     `phases`, in order: demos (oracle demonstrations into the experience pool), sft
     (bootstrap on them), eval (held-out success), rl (the decoupled loop)."""
@@ -116,6 +116,16 @@ class RunConfig:
     eval: EvalConfig = EvalConfig()
     plan: PlanConfig = PlanConfig()  # `dart-jax plan`: model shape, chip, screenshots
     tpu: TPUConfig = TPUConfig()  # `dart-jax tpu`: the Cloud TPU slice of the trainer
+
+    def seeded(self) -> "RunConfig":
+        """`run.seed`, when not 0, as every component's seed: the tiny policy's init, the
+        trainer's, the rollout engines' sampling and the evaluation's (0: each keeps its own)."""
+        seed, replace = self.run.seed, dataclasses.replace
+        if seed == 0:
+            return self
+        return replace(self, policy=replace(self.policy, tiny_seed=seed), trainer=replace(self.trainer, seed=seed),
+                       rollout=replace(self.rollout, engine=replace(self.rollout.engine, seed=seed)),
+                       eval=replace(self.eval, seed=seed))
 
     def __post_init__(self) -> None:
         if self.weights.dtype != self.rollout.engine.dtype:

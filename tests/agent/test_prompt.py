@@ -111,7 +111,8 @@ def test_response_ids(builder):
 
 
 @pytest.mark.parametrize("t, cfg", [(0, PromptConfig()), (2, PromptConfig()), (7, PromptConfig()),
-                                    (6, PromptConfig(max_images=2, max_responses=3, language="Chinese"))])
+                                    (6, PromptConfig(max_images=2, max_responses=3, language="Chinese")),
+                                    (3, PromptConfig(max_images=1, template="compact"))])
 def test_ids_equal_transformers_processor(tiny_dir, builder, t, cfg):
     proc = _processor_or_skip(tiny_dir)
     shots, resps = _screens(t + 1), _responses(t)
