@@ -4,8 +4,8 @@ The next task is the training task with the fewest rollouts pending (in flight o
 worker, or stored unused within the staleness bound), ties broken by the longest time
 since it was last handed out, then by task-list order. Its rollout count comes from its
 recent success rate and its step limit from its successes' lengths (`curation`). While
-every task already has `max_pending_per_task` pending, workers are told to wait, so
-rollouts never outrun the trainer by more than that.
+every task already has `max_pending_per_task` pending, or the run has `max_pending` pending
+in all, workers are told to wait, so rollouts never outrun the trainer by more than that.
 
 Synchronous mode (`mode="sync"`, DART's non-decoupled baseline) is the same scheduler with
 a barrier: a worker gets work only once it runs the newest version; the round of a version
@@ -75,6 +75,9 @@ class Scheduler:
             if pending[task.task_id] >= self.cfg.max_pending_per_task:
                 return NoTask(reason=f"every task has >= {self.cfg.max_pending_per_task} rollouts "
                                      "pending; waiting for the trainer", retry_after_s=1.0)
+            if self.cfg.max_pending and sum(pending.values()) >= self.cfg.max_pending:
+                return NoTask(reason=f"{sum(pending.values())} rollouts pending (max_pending "
+                                     f"{self.cfg.max_pending}); waiting for the trainer", retry_after_s=1.0)
             n, steps = self.plan(task.task_id)
             assignment = Assignment(uuid.uuid4().hex, task.task_id, worker_id, session, n,
                                     now + self.cfg.assignment_timeout_s)

@@ -54,6 +54,21 @@ def test_pending_rollouts_steer_the_choice_and_arrivals_release_them(store):
     assert sched.next(0).task.task_id == "t1"
 
 
+def test_the_runs_pending_cap_holds_every_task_back(store):
+    sched = Scheduler(store, dataclasses.replace(CFG, max_pending_per_task=8, max_pending=12), clock=Clock())
+    sched.tasks = sched.tasks[:3]
+    assert sched.next(0).task.task_id == "t0" and sched.next(0).task.task_id == "t1"  # 16 pending
+    refused = sched.next(0)
+    assert isinstance(refused, NoTask) and "max_pending 12" in refused.reason  # t2 has none, yet waits
+    for i in range(8):  # t0's rollouts arrive and a batch uses them: 8 pending
+        put(store, make_trajectory(f"r{i}", "t0"))
+        sched.on_ingested("t0")
+    with store.write() as w:
+        w.execute("INSERT INTO batches VALUES (1, 0, 0, 1, 8, 0)")
+        w.execute("UPDATE trajectories SET used_batch = 1")
+    assert sched.next(0).task.task_id in ("t0", "t2")
+
+
 def test_in_flight_assignments_expire(store):
     clock = Clock()
     sched = Scheduler(store, dataclasses.replace(CFG, max_pending_per_task=8, assignment_timeout_s=5), clock)
