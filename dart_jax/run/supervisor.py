@@ -8,13 +8,15 @@
 
 Each instance gets its own config file (runs/<name>/roles/<instance>.yaml: the run config
 with that instance's worker id and endpoints) and a launcher (`local` processes here;
-`ray` actors on a cluster). Watching: processes are polled, servers (data manager, env
-servers) are pinged every `run.heartbeat_s` and one that misses three pings in a row is
-killed. A dead instance is started again after a backoff (1, 2, 4 .. 30 s), from its durable
-state (a trainer resumes from its last checkpoint, a data manager reopens its store); one
-that dies more than `max_restarts` times stops the run with one message naming it and its
-log; one that exits with code 2 (a bad config) stops it at once. A trainer that exits 0 has
-finished.
+`ray` actors on a cluster, where Ray itself restarts an actor whose process dies: see
+dart_jax.run.ray_launch). An env server a launcher placed on a node of its choosing and
+bound to 0.0.0.0 is pinged, and reached by rollout workers, at that node's address.
+Watching: processes are polled, servers (data manager, env servers) are pinged every
+`run.heartbeat_s` and one that misses three pings in a row is killed. A dead instance is
+started again after a backoff (1, 2, 4 .. 30 s), from its durable state (a trainer resumes
+from its last checkpoint, a data manager reopens its store); one that dies more than
+`max_restarts` times stops the run with one message naming it and its log; one that exits
+with code 2 (a bad config) stops it at once. A trainer that exits 0 has finished.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ class RunFailed(RuntimeError):
 class Member:
     instance: Instance
     spec: RoleSpec
-    ping: WireConfig | None
+    ping: WireConfig | None  # as the server binds it
     process: Process | None = None
-    restarts: int = 0
+    host: str | None = None  # the node it runs on (cluster launchers)
+    restarts: int = 0  # the supervisor's
+    cluster_restarts: int = 0  # the cluster's (Ray) of processes this member has replaced
     restart_at: float = 0.0
     misses: int = 0
     done: bool = False
@@ -126,20 +130,21 @@ class Supervisor:
                 member = Member(Instance(name, spec.role, config, self.run.log_path(f"{name}.out"), extra_args), spec, ping)
                 self._launch(member)
                 self.members.append(member)
-                if spec.role == "env-server" and hasattr(member.process, "host"):
-                    self.hosts[icfg.envs.wire.endpoint] = member.process.host()
+                if spec.role == "env-server" and member.host is not None:
+                    self.hosts[icfg.envs.wire.endpoint] = member.host
         for member in self.members:
             if member.instance.role in roles and member.ping is not None:
                 self._wait_ready(member)
 
     def _launch(self, member: Member) -> None:
         member.process = self.launcher(member.spec.launcher).start(member.instance, member.spec.resources)
+        member.host = member.process.host() if hasattr(member.process, "host") else None
         member.misses = 0
         log.info("started %s (%s)", member.instance.name, member.spec.launcher)
 
     def _wait_ready(self, member: Member) -> None:
         deadline = time.monotonic() + self.cfg.run.ready_timeout_s
-        with Client(dataclasses.replace(member.ping, timeout_s=1.0)) as client:
+        with Client(dataclasses.replace(_reachable(member.ping, member.host), timeout_s=1.0)) as client:
             while time.monotonic() < deadline:
                 if (code := member.process.exit_code()) is not None:
                     raise RunFailed(f"{member.instance.name} exited with code {code} before it was ready "
@@ -173,7 +178,8 @@ class Supervisor:
 
     def _heartbeat(self, member: Member) -> None:
         try:
-            with Client(dataclasses.replace(member.ping, timeout_s=min(2.0, self.cfg.run.heartbeat_s))) as client:
+            timeout_s = min(2.0, self.cfg.run.heartbeat_s)
+            with Client(dataclasses.replace(_reachable(member.ping, member.host), timeout_s=timeout_s)) as client:
                 client.request(Ping())
             member.misses = 0
         except (WireTimeout, RemoteError):
@@ -195,6 +201,7 @@ class Supervisor:
                             f"(see {member.instance.log})")
         delay = min(30.0, 2.0 ** member.restarts)
         member.restarts += 1
+        member.cluster_restarts += self._cluster_restarts(member.process)
         member.process.stop()  # a Ray actor whose role exited: end it; a new one starts below
         member.process, member.restart_at = None, time.monotonic() + delay
         log.warning("%s exited with code %s; restart %d of %d in %.0f s (see %s)", name, code, member.restarts,
@@ -221,9 +228,12 @@ class Supervisor:
         self.members = [m for m in self.members if m.instance.role not in roles]
 
     @staticmethod
-    def _restarts_of(member: Member) -> int:
+    def _cluster_restarts(process: Process | None) -> int:
+        return process.restarts() if hasattr(process, "restarts") else 0
+
+    def _restarts_of(self, member: Member) -> int:
         """The supervisor's restarts of an instance, and the cluster's own (Ray)."""
-        return member.restarts + (member.process.restarts() if hasattr(member.process, "restarts") else 0)
+        return member.restarts + member.cluster_restarts + self._cluster_restarts(member.process)
 
     def restarts(self) -> dict[str, int]:
         """Restarts of each instance over the whole run, stopped ones included."""

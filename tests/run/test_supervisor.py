@@ -110,3 +110,57 @@ def test_an_env_server_on_all_interfaces_is_reached_at_its_node():
         endpoint="tcp://0.0.0.0:7000", allow_remote=True)))
     (worker,) = instance_configs(cfg, "rollout", 1, hosts={"tcp://0.0.0.0:7000": "10.1.2.3"})
     assert [w.endpoint for w in worker.rollout.env_servers] == ["tcp://10.1.2.3:7000"]
+
+
+class OnNode(Scripted):
+    """A cluster launcher's process: on a node of its own, restarted by the cluster too."""
+
+    def __init__(self, codes, host="127.0.0.2", restarts=0):
+        super().__init__(codes)
+        self._host, self._restarts = host, restarts
+
+    def host(self):
+        return self._host
+
+    def restarts(self):
+        return self._restarts
+
+
+class ClusterLauncher(Launcher):
+    def start(self, instance, resources=None):
+        self.started.append(instance.name)
+        return OnNode(**self.scripts[instance.name].pop(0))
+
+
+def test_a_replaced_process_keeps_the_restarts_its_cluster_made(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000, 100))
+    monkeypatch.setattr(sup_lib.time, "monotonic", lambda: float(next(clock)))
+    scripts = {"rollout": [{"codes": [None, -9], "restarts": 2}, {"codes": [None], "restarts": 1}]}
+    cfg = _cfg(tmp_path, "rollout")
+    monkeypatch.setattr(sup_lib.time, "sleep", lambda s: None)
+    sup = Supervisor(cfg, RunDir.create(tmp_path / "s"), {"local": ClusterLauncher(scripts)})
+    sup.start({"rollout"})
+    for _ in range(3):
+        sup.poll()
+    assert sup.launchers["local"].started == ["rollout", "rollout"]
+    assert sup.restarts() == {"rollout": 1 + 2 + 1}  # the supervisor's, the old actor's, the new one's
+
+
+def test_an_env_server_on_all_interfaces_is_pinged_at_its_node(tmp_path, monkeypatch):
+    from tests.run.conftest import free_port
+    port = free_port()
+    at_node = WireConfig(endpoint=f"tcp://127.0.0.2:{port}")  # reachable there, not at 0.0.0.0 (127.0.0.1)
+    server = Server(at_node, lambda m: Pong(role="env-server", pid=0, uptime_s=0.0), role="env-server").start()
+    try:
+        cfg = _cfg(tmp_path, "env-server", "rollout")
+        cfg = dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, wire=WireConfig(
+            endpoint=f"tcp://0.0.0.0:{port}", allow_remote=True)))
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, ready_timeout_s=5.0))
+        scripts = {"env-server": [{"codes": [None]}], "rollout": [{"codes": [None]}]}
+        monkeypatch.setattr(sup_lib.time, "sleep", lambda s: None)
+        sup = Supervisor(cfg, RunDir.create(tmp_path / "s"), {"local": ClusterLauncher(scripts)})
+        sup.start({"env-server", "rollout"})  # ready: it answered at 127.0.0.2
+    finally:
+        server.stop()
+    worker = (tmp_path / "s" / "roles" / "rollout.yaml").read_text()
+    assert f"tcp://127.0.0.2:{port}" in worker
