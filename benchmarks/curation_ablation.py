@@ -28,27 +28,25 @@ from pathlib import Path
 
 from benchmarks.common import machine
 
-PLAIN = ["data.curation.experience_pool=false", "trainer.selection.enabled=false", "trainer.tis.enabled=false"]
-PIECES = (  # (name, what turns the piece on: overrides removed from the plain list, or added)
-    ("plain GRPO", ()),
-    ("+ dynamic rollouts", ("rollouts",)),
-    ("+ dynamic length", ("rollouts", "length")),
-    ("+ entropy selection", ("rollouts", "length", "trainer.selection.enabled=false")),
-    ("+ TIS", ("rollouts", "length", "trainer.selection.enabled=false", "trainer.tis.enabled=false")),
-    ("full", ("rollouts", "length", "trainer.selection.enabled=false", "trainer.tis.enabled=false",
-              "data.curation.experience_pool=false")),
-)
+ORDER = ("rollouts", "length", "selection", "tis", "pool")  # DART's ablation order
+PIECES = (("plain GRPO", 0), ("+ dynamic rollouts", 1), ("+ dynamic length", 2),
+          ("+ entropy selection", 3), ("+ TIS", 4), ("full", 5))  # (label, pieces of ORDER on)
 
 
-def variant(cfg, pieces: tuple[str, ...]) -> list[str]:
-    """Overrides of one configuration: plain GRPO less the pieces switched on."""
+def off(cfg, piece: str) -> list[str]:
+    """The overrides that switch one curation piece off."""
     c = cfg.data.curation
-    out = [o for o in PLAIN if o not in pieces]
-    if "rollouts" not in pieces:
-        out += [f"data.curation.min_rollouts={c.max_rollouts}"]
-    if "length" not in pieces:
-        out += [f"data.curation.min_steps={c.default_max_steps}", f"data.curation.max_steps={c.default_max_steps}"]
-    return out
+    return {"rollouts": [f"data.curation.min_rollouts={c.max_rollouts}"],
+            "length": [f"data.curation.min_steps={c.default_max_steps}",
+                       f"data.curation.max_steps={c.default_max_steps}"],
+            "selection": ["trainer.selection.enabled=false"],
+            "tis": ["trainer.tis.enabled=false"],
+            "pool": ["data.curation.experience_pool=false"]}[piece]
+
+
+def variant(cfg, on: int) -> list[str]:
+    """Overrides of one configuration: the first `on` pieces of ORDER on, the rest off."""
+    return [o for piece in ORDER[on:] for o in off(cfg, piece)]
 
 
 def sockets(root: Path, name: str) -> list[str]:
@@ -88,9 +86,9 @@ def main() -> None:
              "ci95": list(wilson(*_sampled(sft_eval))), "gain": 0.0, "gain_ci95": [0.0, 0.0]}]
     common = [*seed, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
               f"data.pool.import_paths=[{(root / 'sft' / 'data' / 'demos').resolve()}]"]
-    for i, (label, pieces) in enumerate(PIECES):
+    for i, (label, on) in enumerate(PIECES):
         name = f"ablation-{i}"
-        one_run(args.config, root, name, [*common, *variant(cfg, pieces)])
+        one_run(args.config, root, name, [*common, *variant(cfg, on)])
         outcomes = load_outcomes(root / name / "eval" / "rl.json")
         wins, n = _sampled(outcomes)
         g = paired_gain([o for o in sft_eval if o.mode == "sampled"], [o for o in outcomes if o.mode == "sampled"])

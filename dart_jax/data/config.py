@@ -59,8 +59,8 @@ class CurationConfig:
     # Scheduling: no task is handed out while every task already has this many rollouts
     # in flight or waiting unused (back-pressure against stale data).
     max_pending_per_task: int = bounded(16, ge=1)
-    # ... nor while the whole run has this many (0: no such cap): back-pressure for many tasks
-    # and a trainer slower than the fleet (rollouts and trainer sharing a few CPU cores)
+    # ... nor while the whole run has this many that a batch can take (0: no such cap):
+    # back-pressure for many tasks and a trainer slower than the fleet (a few shared CPU cores)
     max_pending: int = bounded(0, ge=0)
     assignment_timeout_s: float = bounded(900.0, gt=0)  # an in-flight rollout counts this long
     worker_timeout_s: float = bounded(30.0, gt=0)  # a silent worker's assignments return after this

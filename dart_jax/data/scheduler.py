@@ -75,9 +75,9 @@ class Scheduler:
             if pending[task.task_id] >= self.cfg.max_pending_per_task:
                 return NoTask(reason=f"every task has >= {self.cfg.max_pending_per_task} rollouts "
                                      "pending; waiting for the trainer", retry_after_s=1.0)
-            if self.cfg.max_pending and sum(pending.values()) >= self.cfg.max_pending:
-                return NoTask(reason=f"{sum(pending.values())} rollouts pending (max_pending "
-                                     f"{self.cfg.max_pending}); waiting for the trainer", retry_after_s=1.0)
+            if self.cfg.max_pending and (total := self._trainable(pending, live, latest_version)) >= self.cfg.max_pending:
+                return NoTask(reason=f"{total} rollouts pending (max_pending {self.cfg.max_pending}); "
+                                     "waiting for the trainer", retry_after_s=1.0)
             n, steps = self.plan(task.task_id)
             assignment = Assignment(uuid.uuid4().hex, task.task_id, worker_id, session, n,
                                     now + self.cfg.assignment_timeout_s)
@@ -86,6 +86,13 @@ class Scheduler:
             if self.mode == "sync":
                 self.round.tasks.append(task.task_id)
         return TaskAssignment(task=task, num_rollouts=n, max_steps=steps, assignment_id=assignment.id)
+
+    def _trainable(self, pending: dict[str, int], live: dict[str, int], latest_version: int) -> int:
+        """Pending rollouts that count against `max_pending`: all in flight, and the unused ones
+        of tasks that can form a group (a task still waiting for a success holds none back:
+        without the experience pool its group needs more rollouts, not fewer)."""
+        waiting = self.store.waiting_tasks(latest_version - self.cfg.max_staleness, self.cfg.experience_pool)
+        return sum(live.get(t, 0) if t in waiting else n for t, n in pending.items())
 
     def _barrier(self, latest_version: int, worker_version: int | None) -> NoTask | None:
         """Why a synchronous worker must wait now, or None when it gets the round's next task."""

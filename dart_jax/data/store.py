@@ -230,6 +230,15 @@ class Store:
             " AND status != 'env_error' AND min_version >= ? GROUP BY task_id", (min_version,))
         return dict(rows.fetchall())
 
+    def waiting_tasks(self, min_version: int, pool: bool) -> set[str]:
+        """Tasks whose unused fresh rollouts cannot form a group yet: no success among them,
+        and none in the task's experience pool to lend (or `pool` off)."""
+        rows = self._r.execute(
+            "SELECT task_id FROM trajectories WHERE used_batch IS NULL AND source = 'rollout'"
+            " AND status != 'env_error' AND min_version >= ? GROUP BY task_id HAVING max(success) = 0"
+            + (" AND task_id NOT IN (SELECT task_id FROM pool)" if pool else ""), (min_version,))
+        return {r[0] for r in rows}
+
     # ---- batches and versions ---------------------------------------------------------------
 
     def last_batch_id(self) -> int:

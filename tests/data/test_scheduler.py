@@ -55,18 +55,23 @@ def test_pending_rollouts_steer_the_choice_and_arrivals_release_them(store):
 
 
 def test_the_runs_pending_cap_holds_every_task_back(store):
-    sched = Scheduler(store, dataclasses.replace(CFG, max_pending_per_task=8, max_pending=12), clock=Clock())
+    cfg = dataclasses.replace(CFG, max_pending_per_task=8, max_pending=12, experience_pool=False)
+    sched = Scheduler(store, cfg, clock=Clock())
     sched.tasks = sched.tasks[:3]
     assert sched.next(0).task.task_id == "t0" and sched.next(0).task.task_id == "t1"  # 16 pending
     refused = sched.next(0)
     assert isinstance(refused, NoTask) and "max_pending 12" in refused.reason  # t2 has none, yet waits
-    for i in range(8):  # t0's rollouts arrive and a batch uses them: 8 pending
-        put(store, make_trajectory(f"r{i}", "t0"))
+    for i in range(8):  # t0's rollouts arrive, all failures: its group waits for a success,
+        put(store, make_trajectory(f"r{i}", "t0", success=False))  # so they hold nothing back
         sched.on_ingested("t0")
-    with store.write() as w:
+    assert sched.next(0).task.task_id == "t2"
+    put(store, make_trajectory("r8", "t0", success=True))  # t0 can form a group: 9 + 16 in flight
+    sched.on_ingested("t0")
+    assert isinstance(sched.next(0), NoTask)
+    with store.write() as w:  # a batch took t0's rollouts: 16 in flight
         w.execute("INSERT INTO batches VALUES (1, 0, 0, 1, 8, 0)")
         w.execute("UPDATE trajectories SET used_batch = 1")
-    assert sched.next(0).task.task_id in ("t0", "t2")
+    assert isinstance(sched.next(0), NoTask)
 
 
 def test_in_flight_assignments_expire(store):

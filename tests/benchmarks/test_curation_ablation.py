@@ -1,0 +1,28 @@
+"""The curation ablation's configurations: each adds one DART piece to plain GRPO, and every
+override it writes is a real setting of the run config (the benchmark itself is a command)."""
+
+import dataclasses
+
+from benchmarks.curation_ablation import PIECES, variant
+from dart_jax.config.loader import apply_overrides, from_dict
+from dart_jax.run.schema import RunConfig
+
+
+def _resolved(base: RunConfig, overrides: list[str]) -> RunConfig:
+    return from_dict(RunConfig, apply_overrides(dataclasses.asdict(base), overrides, "test"))
+
+
+def test_each_configuration_switches_on_one_more_piece():
+    base = _resolved(RunConfig(), ["data.curation.max_rollouts=8", "data.curation.default_max_steps=4",
+                                   "data.curation.min_steps=3", "data.curation.max_steps=5"])
+    got = []
+    for _, on in PIECES:
+        cfg = _resolved(base, variant(base, on))
+        c = cfg.data.curation
+        got.append((c.min_rollouts == c.max_rollouts, c.min_steps == c.max_steps == c.default_max_steps,
+                    cfg.trainer.selection.enabled, cfg.trainer.tis.enabled, c.experience_pool))
+    fixed, plain = (True, True, False, False, False), (False, False, True, True, True)
+    assert [label for label, _ in PIECES][0] == "plain GRPO" and got[0] == fixed
+    for i in range(1, len(got)):  # piece i switched on, the earlier ones stay on
+        assert got[i] == plain[:i] + fixed[i:], (PIECES[i][0], got[i])
+    assert got[-1] == plain  # full: every piece on
