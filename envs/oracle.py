@@ -134,6 +134,11 @@ def _mw_click_button(instruction, elements, obs):
     return _click(button, f'Click "{label}".') if button else _give_up("No such button.")
 
 
+def _mw_click_test(instruction, elements, obs):
+    button = _find(elements, "button")
+    return _click(button, "Click the button.") if button else _give_up("No button.")
+
+
 def _mw_click_test_2(instruction, elements, obs):
     match = re.search(r"button (\w+)", instruction)
     button = _find(elements, "button", match.group(1)) if match else None
@@ -189,6 +194,7 @@ SOLVERS: dict[tuple[str, str], Solver] = {
     ("synthetic", "check-boxes"): _syn_check_boxes,
     ("synthetic", "form"): _syn_form,
     ("miniwob", "click-button"): _mw_click_button,
+    ("miniwob", "click-test"): _mw_click_test,
     ("miniwob", "click-test-2"): _mw_click_test_2,
     ("miniwob", "enter-text"): _mw_enter_text,
     ("miniwob", "focus-text"): _mw_focus_text,

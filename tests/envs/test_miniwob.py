@@ -11,7 +11,7 @@ from envs.miniwob_env import task_names
 
 from tests.envs.conftest import client, oracle_episode, run, spec
 
-ORACLE_TASKS = ("click-button", "click-test-2", "enter-text", "focus-text", "click-checkboxes")
+ORACLE_TASKS = ("click-button", "click-test", "click-test-2", "enter-text", "focus-text", "click-checkboxes")
 
 
 def test_every_task_is_listed():
@@ -20,7 +20,7 @@ def test_every_task_is_listed():
 
 
 @pytest.mark.browser
-def test_dom_oracle_solves_five_tasks_over_the_wire(env_server):
+def test_dom_oracle_solves_six_tasks_over_the_wire(env_server):
     _, endpoint = env_server(MiniWoBSlots(count=2))
 
     async def main():
