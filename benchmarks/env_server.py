@@ -25,7 +25,7 @@ import time
 
 from dart_jax.wire import WireConfig
 from dart_jax.wire.messages import TaskSpec
-from envs.client import EnvClient, EnvSession
+from dart_jax.wire.env_client import EnvClient, EnvSession
 from envs.config import EnvServerConfig, MiniWoBSlots, SyntheticSlots
 
 MINIWOB_TASKS = ("click-button", "click-checkboxes", "enter-text", "focus-text", "click-test-2",

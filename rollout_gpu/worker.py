@@ -36,7 +36,7 @@ from dart_jax.wire.messages import (EnvObservation, NoTask, SubmitTrajectory, Ta
                                     WeightLatest, WorkerHeartbeat)
 from dart_jax.wire.pubsub import Subscriber
 from dart_jax.wire.weights import WeightSyncConfig
-from envs.client import EnvClient, EnvSession
+from dart_jax.wire.env_client import EnvClient, EnvSession
 from rollout_gpu.config import RolloutConfig
 from rollout_gpu.engine import Engine, SyncEvent
 from rollout_gpu.episode import Sample, run_episode

@@ -20,7 +20,7 @@ from dart_jax.agent.prompt import Prompt, PromptBuilder
 from dart_jax.wire import WireConfig
 from dart_jax.wire.messages import EnvObservation, TaskSpec, Trajectory
 from envs import oracle
-from envs.client import EnvClient
+from dart_jax.wire.env_client import EnvClient
 from envs.types import Observation
 from rollout_gpu.episode import Sample, run_episode
 

@@ -13,7 +13,7 @@ from PIL import Image
 from dart_jax.wire import WireConfig
 from dart_jax.wire.messages import TaskSpec
 from envs import oracle
-from envs.client import EnvClient, EnvSession
+from dart_jax.wire.env_client import EnvClient, EnvSession
 from envs.config import EnvServerConfig
 from envs.server import serving
 from envs.types import Observation

@@ -7,7 +7,7 @@ from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.models.tiny import make_tiny_hf_dir
 from dart_jax.wire import WireConfig
 from dart_jax.wire.messages import TaskSpec
-from envs.client import EnvClient
+from dart_jax.wire.env_client import EnvClient
 from envs.config import EnvServerConfig, SyntheticSlots
 from envs.server import serving
 from rollout_gpu.episode import Sample, run_episode
