@@ -10,7 +10,8 @@
 2. batch_assembly_s: the store is filled to 100,000 steps (stale filler from earlier policy
    versions plus the fresh trajectories of step 1), the service restarted, and one
    BatchRequest (8 tasks x 8 trajectories) timed at the client, from request to the
-   decoded CuratedBatch with all screenshots. Target <= 1 s.
+   decoded CuratedBatch and all its screenshots fetched by hash (ScreenshotRequest, as the
+   trainer asks for them). Target <= 1 s.
 Prints one JSON object on stdout.
 """
 
@@ -34,7 +35,8 @@ from dart_jax.data.store import Store
 from dart_jax.data.tasks import write_task_file
 from dart_jax.data.testing import make_trajectory, task_specs
 from dart_jax.wire import Client, WireConfig
-from dart_jax.wire.messages import BatchRequest, CuratedBatch, Ping, SubmitTrajectory
+from dart_jax.wire.messages import (MAX_SCREENSHOTS_PER_REQUEST, BatchRequest, CuratedBatch, Ping,
+                                    ScreenshotRequest, SubmitTrajectory)
 
 CLIENTS, STEPS, SHOT_BYTES, PROMPT, RESPONSE = 4, 10, 50_000, 1024, 64
 TASKS, VERSION, TARGET_STEPS = 8, 10, 100_000
@@ -121,9 +123,14 @@ def bench_batch(run_dir: Path, endpoint: str) -> tuple[float, int, int]:
         client.request(Ping(), timeout_s=60)
         t0 = time.perf_counter()
         batch = client.request(BatchRequest(trainer_version=VERSION, after_batch_id=0))
+        assert isinstance(batch, CuratedBatch), batch
+        shas = list(dict.fromkeys(r.sha256 for screens in batch.screens for r in screens))
+        got = 0
+        while got < len(shas):
+            ask = shas[got:got + MAX_SCREENSHOTS_PER_REQUEST]
+            got += len(client.request(ScreenshotRequest(sha256=ask)).png)
         seconds = time.perf_counter() - t0
     _stop(proc)
-    assert isinstance(batch, CuratedBatch), batch
     return seconds, len({t.task_id for t in batch.trajectories}), len(batch.trajectories)
 
 

@@ -95,11 +95,11 @@ def synthetic_batch(config: Qwen25VLConfig, rows: int, length: int, seed: int = 
 
     high = min(config.text.vocab_size, config.vision_start_token_id)
     ids = np.random.default_rng(seed).integers(0, high, (rows, length)).astype(np.int32)
-    f32 = lambda v: np.full(rows, v, np.float32)  # noqa: E731
-    return TrainBatch(make_inputs(config, ids), np.roll(ids, -1, axis=1), np.ones(ids.shape, np.float32),
-                      np.zeros(ids.shape, np.float32), f32(0), np.arange(rows, dtype=np.int32),
-                      np.arange(rows, dtype=np.int32), f32(1), f32(1), np.zeros(rows, np.int32),
-                      np.ones(rows, bool))
+    f32 = lambda v: np.full((rows, 1), v, np.float32)  # noqa: E731
+    slot = np.arange(rows, dtype=np.int32)[:, None]  # one step a row
+    return TrainBatch(make_inputs(config, ids), np.roll(ids, -1, axis=1), np.ones((rows, 1, length), np.float32),
+                      np.zeros((rows, 1, length), np.float32), f32(0), slot, slot, f32(1), f32(1),
+                      np.zeros((rows, 1), np.int32), np.ones((rows, 1), bool))
 
 
 def run_jax(job: Job) -> dict:
@@ -121,7 +121,8 @@ def run_jax(job: Job) -> dict:
     state = steps.init_state(params)
     del model, params
     mb = to_global(synthetic_batch(config, job.rows, job.length), mesh)
-    ones = jax.device_put(np.ones(job.rows, np.float32), steps.row_shardings(mb.step_weight_B))
+    ones = np.ones(job.rows, np.float32)  # one step slot a row
+    ones = jax.device_put(ones, steps.row_shardings(ones))
     rows = RowTargets(ones, ones, Scores(None, None, None))
 
     def step(state):

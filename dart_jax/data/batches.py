@@ -5,6 +5,9 @@ out before, it is replayed identically from its recorded composition; otherwise 
 is assembled by `curation.select_groups`, its composition recorded and its own
 trajectories marked used in one transaction, then sent. A trainer that crashed after the
 record but before receiving the batch simply asks again and gets the replay.
+
+A batch names its screenshots by content (sha256, height, width); the trainer's hosts fetch
+the bytes of the rows they build with `ScreenshotRequest`, answered by `serve_screenshots`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dart_jax.data import curation
 from dart_jax.data.config import CurationConfig
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import ConflictError, Store
-from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch
+from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch, ScreenshotRequest, Screenshots
 
 
 class BatchAssembler:
@@ -78,6 +81,12 @@ class BatchAssembler:
         if recorded is None:
             raise ConflictError(f"batch {batch_id} is not recorded")
         version, items = recorded
-        trajs = self.store.load_trajectories([t for t, _ in items])
-        return CuratedBatch(batch_id=batch_id, trainer_version=version, trajectories=trajs,
-                            injected=[t for t, inj in items if inj])
+        ids = [t for t, _ in items]
+        return CuratedBatch(batch_id=batch_id, trainer_version=version,
+                            trajectories=self.store.load_trajectories(ids, screenshots=False),
+                            screens=self.store.screenshot_refs(ids), injected=[t for t, inj in items if inj])
+
+
+def serve_screenshots(store: Store, req: ScreenshotRequest, max_bytes: int) -> Screenshots:
+    """The PNGs a trainer asks for by hash, as many as `max_bytes` holds (at least one)."""
+    return Screenshots(png=store.read_screenshots(req.sha256, max_bytes))

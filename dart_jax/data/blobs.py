@@ -1,8 +1,8 @@
 """Content-addressed screenshot storage: append-only pack files indexed by sha256.
 
 A screenshot is appended to the current pack file (`blobs/pack-000001.pack`, ...) and
-addressed by the sha256 of its bytes; the index row `(sha256, pack, offset, size)` is
-written in the same transaction as the trajectory that refers to it (see store.py).
+addressed by the sha256 of its bytes (`wire.png.address`); the index row `(sha256, pack,
+offset, size, height, width)` is written in the same transaction as the trajectory that refers to it (see store.py).
 Bytes are appended before that transaction commits, so every committed index row
 resolves; a crash in between leaves unreferenced bytes at a pack's tail, never a
 dangling reference, and a restarted process opens a new pack rather than appending
@@ -16,7 +16,6 @@ VMs (600-1,000 creates/s, no faster with more threads), which capped ingestion o
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 import threading
@@ -31,10 +30,10 @@ class BlobRef:
     pack: int
     offset: int
     size: int
-
-
-def address(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    # the screenshot's size as the image processor sees it (wire.png); None in rows stored
+    # before schema 3 recorded it
+    height: int | None
+    width: int | None
 
 
 class BlobPacks:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dart_jax.data.blobs import address
 from dart_jax.data.store import Store
+from dart_jax.wire.png import address
 
 
 def check(store: Store, deep: bool = False) -> list[str]:

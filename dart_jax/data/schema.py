@@ -101,6 +101,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE trajectories ADD COLUMN head BLOB;
     """,
+    # 3: each screenshot's size as the image processor sees it, so a curated batch names its
+    # screenshots by content and the trainer plans shapes without pixels. Blobs stored before
+    # keep NULL and are sized from their PNG header when a batch names them.
+    """
+    ALTER TABLE blobs ADD COLUMN height INTEGER;
+    ALTER TABLE blobs ADD COLUMN width INTEGER;
+    """,
 )
 
 

@@ -7,6 +7,7 @@ Serves, on one ROUTER socket (`cfg.wire.endpoint`):
   WorkerHeartbeat -> WorkerAck                  a worker's assignments stay out while it beats
   SubmitTrajectory -> TrajectoryAck             after commit; idempotent by traj_id
   BatchRequest -> CuratedBatch | NoBatch        the trainer: curated GRPO groups, replayable
+  ScreenshotRequest -> Screenshots              the trainer: a batch's screenshots by hash
   StatsRequest -> DataStats                     dashboards
   PoolImport -> PoolImported                    successes into the pool (path: dart_jax.wire.paths)
   ExportTrajectories -> Exported                to a new file or directory (path: same rules)
@@ -23,15 +24,15 @@ from pathlib import Path
 
 from dart_jax.config import apply_overrides, from_dict, load
 from dart_jax.data import ingest, pool, stats
-from dart_jax.data.batches import BatchAssembler
+from dart_jax.data.batches import BatchAssembler, serve_screenshots
 from dart_jax.data.config import DataManagerConfig
 from dart_jax.data.scheduler import Scheduler
-from dart_jax.data.store import ConflictError, Store
+from dart_jax.data.store import ConflictError, NotFoundError, Store
 from dart_jax.data.tasks import load_tasks
 from dart_jax.wire import Server, paths
 from dart_jax.wire.messages import (BatchRequest, Error, ExportTrajectories, Exported, Message,
-                                    PoolImport, PoolImported, StatsRequest, SubmitTrajectory,
-                                    TaskRequest, Trajectory, TrajectoryAck, WorkerAck,
+                                    PoolImport, PoolImported, ScreenshotRequest, StatsRequest,
+                                    SubmitTrajectory, TaskRequest, Trajectory, TrajectoryAck, WorkerAck,
                                     WorkerHeartbeat)
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,9 @@ class DataManager:
             if isinstance(msg, BatchRequest):
                 self._saw_version(msg.trainer_version, "trainer")
                 return self.batches.handle(msg)
+            if isinstance(msg, ScreenshotRequest):
+                # half the message limit: the reply's framing and the rest fit beside the PNGs
+                return serve_screenshots(self.store, msg, self.cfg.wire.max_message_bytes // 2)
             if isinstance(msg, StatsRequest):
                 return stats.collect(self.store, self.cfg.curation, msg.task_ids)
             if isinstance(msg, PoolImport):
@@ -81,6 +85,8 @@ class DataManager:
             return Error(code="bad_request", message=str(e))
         except (ConflictError, FileExistsError) as e:
             return Error(code="conflict", message=str(e))
+        except NotFoundError as e:
+            return Error(code="not_found", message=str(e))
         return Error(code="bad_request", message=f"the data manager does not serve {type(msg).__name__}")
 
     def submit(self, traj: Trajectory) -> TrajectoryAck:

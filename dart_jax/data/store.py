@@ -9,6 +9,7 @@ on (a trajectory, a batch's composition) is visible only after its commit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import threading
 import time
@@ -18,17 +19,22 @@ from typing import Iterator, Sequence
 import msgspec
 
 from dart_jax.data import schema
-from dart_jax.data.blobs import BlobPacks, BlobRef, address
+from dart_jax.data.blobs import BlobPacks, BlobRef
 from dart_jax.data.config import StoreConfig
 from dart_jax.data.curation import Group, TrajRecord
 from dart_jax.wire import from_bytes, to_bytes
-from dart_jax.wire.messages import Step, TaskSpec, Trajectory
+from dart_jax.wire.messages import ScreenshotRef, Step, TaskSpec, Trajectory
+from dart_jax.wire.png import address, png_hw
 
 _REC = "traj_id, task_id, seq, success, num_steps, min_version, max_version"
 
 
 class ConflictError(RuntimeError):
     """A write that contradicts what the store already holds."""
+
+
+class NotFoundError(LookupError):
+    """A request names something the store does not hold."""
 
 
 class Store:
@@ -107,15 +113,23 @@ class Store:
     # ---- trajectories ------------------------------------------------------------------
 
     def put_screenshots(self, traj: Trajectory) -> list[BlobRef]:
-        """Append the trajectory's new screenshots to the packs (before its row commits)."""
-        return [self._put_blob(png) for png in traj.screenshots]
+        """Append the trajectory's new screenshots to the packs (before its row commits).
+        ValueError, before anything is appended, when one is not a PNG."""
+        sizes = []
+        for i, png in enumerate(traj.screenshots):
+            try:
+                sizes.append(png_hw(png))
+            except ValueError as e:
+                raise ValueError(f"trajectory {traj.traj_id} screenshot {i}: {e}") from None
+        return [self._put_blob(png, hw) for png, hw in zip(traj.screenshots, sizes)]
 
-    def _put_blob(self, data: bytes) -> BlobRef:
+    def _put_blob(self, data: bytes, hw: tuple[int, int]) -> BlobRef:
         digest = address(data)
         ref = self._recent.get(digest)
         if ref is None:
             row = self._r.execute("SELECT pack, offset, size FROM blobs WHERE sha256 = ?", (digest,)).fetchone()
-            ref = BlobRef(digest, *row) if row else BlobRef(digest, *self.blobs.append(data), len(data))
+            where = tuple(row) if row else (*self.blobs.append(data), len(data))
+            ref = BlobRef(digest, *where, *hw)
             if len(self._recent) >= 100_000:
                 self._recent.clear()
             self._recent[digest] = ref
@@ -139,8 +153,8 @@ class Store:
         w.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
             (traj.traj_id, i, s.policy_version, s.action, s.valid, len(s.prompt_ids),
              len(s.response_ids), to_bytes(s)) for i, s in enumerate(traj.steps)])
-        w.executemany("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?, ?)",
-                      [(r.sha256, r.pack, r.offset, r.size) for r in refs])
+        w.executemany("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?, ?, ?, ?)",
+                      [(r.sha256, r.pack, r.offset, r.size, r.height, r.width) for r in refs])
         w.executemany("INSERT INTO screenshots VALUES (?, ?, ?)",
                       [(traj.traj_id, i, r.sha256) for i, r in enumerate(refs)])
         w.executemany("INSERT OR IGNORE INTO policy_versions VALUES (?, ?, 'rollout')",
@@ -154,8 +168,9 @@ class Store:
     def has_trajectory(self, traj_id: str) -> bool:
         return self._r.execute("SELECT 1 FROM trajectories WHERE traj_id = ?", (traj_id,)).fetchone() is not None
 
-    def load_trajectories(self, traj_ids: Sequence[str]) -> list[Trajectory]:
-        """The stored trajectories, in the order asked, with their steps and screenshots."""
+    def load_trajectories(self, traj_ids: Sequence[str], screenshots: bool = True) -> list[Trajectory]:
+        """The stored trajectories, in the order asked, with their steps and (unless
+        `screenshots` is False: see `screenshot_refs`) their screenshots."""
         if not traj_ids:
             return []
         marks = ",".join("?" * len(traj_ids))
@@ -165,10 +180,8 @@ class Store:
                                       "ORDER BY traj_id, idx", traj_ids):
             steps[tid].append(from_bytes(payload, Step))
         shots: dict[str, list[bytes]] = {t: [] for t in traj_ids}
-        for tid, pack, offset, size in r.execute(
-                "SELECT s.traj_id, b.pack, b.offset, b.size FROM screenshots s JOIN blobs b USING (sha256)"
-                f" WHERE s.traj_id IN ({marks}) ORDER BY s.traj_id, s.idx", traj_ids):
-            shots[tid].append(self.blobs.read(pack, offset, size))
+        for tid, blob in self._screenshot_blobs(traj_ids) if screenshots else ():
+            shots[tid].append(self.blobs.read(blob.pack, blob.offset, blob.size))
         rows = {row[0]: row for row in r.execute(
             "SELECT traj_id, task_id, reward, status, worker_id, temperature, created_at, source, head "
             f"FROM trajectories WHERE traj_id IN ({marks})", traj_ids)}
@@ -176,6 +189,48 @@ class Store:
         if missing:
             raise KeyError(f"trajectories not in the store: {missing[:5]}")
         return [msgspec.structs.replace(_head(rows[t]), steps=steps[t], screenshots=shots[t]) for t in traj_ids]
+
+    def screenshot_refs(self, traj_ids: Sequence[str]) -> list[list[ScreenshotRef]]:
+        """Each trajectory's screenshots by content and size, in order (no pixels read, but
+        for blobs stored before sizes were recorded: their PNG header is read)."""
+        refs: dict[str, list[ScreenshotRef]] = {t: [] for t in traj_ids}
+        for tid, blob in self._screenshot_blobs(traj_ids):
+            blob = self._sized(blob)
+            refs[tid].append(ScreenshotRef(sha256=blob.sha256, height=blob.height, width=blob.width))
+        return [refs[t] for t in traj_ids]
+
+    def _screenshot_blobs(self, traj_ids: Sequence[str]) -> Iterator[tuple[str, BlobRef]]:
+        marks = ",".join("?" * len(traj_ids))
+        for tid, *blob in self._r.execute(
+                "SELECT s.traj_id, b.sha256, b.pack, b.offset, b.size, b.height, b.width FROM screenshots s"
+                f" JOIN blobs b USING (sha256) WHERE s.traj_id IN ({marks}) ORDER BY s.traj_id, s.idx", traj_ids):
+            yield tid, BlobRef(*blob)
+
+    def _sized(self, blob: BlobRef) -> BlobRef:
+        """`blob` with its size, read from its PNG header when its row predates migration 3."""
+        if blob.height is not None:
+            return blob
+        hw = png_hw(self.blobs.read(blob.pack, blob.offset, blob.size))
+        return dataclasses.replace(blob, height=hw[0], width=hw[1])
+
+    def read_screenshots(self, sha256s: Sequence[str], max_bytes: int) -> list[bytes]:
+        """The PNGs of `sha256s` in order, as many as fit `max_bytes` (at least one).
+        NotFoundError, before anything is read, when the store lacks one of them."""
+        unique = list(dict.fromkeys(sha256s))
+        marks = ",".join("?" * len(unique))
+        where = {row[0]: row[1:] for row in self._r.execute(
+            f"SELECT sha256, pack, offset, size FROM blobs WHERE sha256 IN ({marks})", unique)}
+        missing = [s for s in unique if s not in where]
+        if missing:
+            raise NotFoundError(f"{len(missing)} screenshots are not in the store, e.g. {missing[0]}")
+        out, total = [], 0
+        for sha in sha256s:
+            pack, offset, size = where[sha]
+            if out and total + size > max_bytes:
+                break
+            out.append(self.blobs.read(pack, offset, size))
+            total += size
+        return out
 
     def trajectory_ids(self, success_only: bool = False, split: str | None = None,
                             task_ids: Sequence[str] = ()) -> list[str]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import struct
 import zlib
 
 import numpy as np
 
 from dart_jax.wire.messages import Step, TaskSpec, Trajectory
+from dart_jax.wire.png import SIGNATURE
 
 
 def task_specs(n_train: int, n_eval: int = 0, backend: str = "synthetic") -> list[TaskSpec]:
@@ -20,9 +22,10 @@ def make_trajectory(traj_id: str, task_id: str, *, success: bool = False, steps:
                     version: int = 0, screenshot_bytes: int = 256, prompt_len: int = 16,
                     response_len: int = 4, shared_screens: int = 0, source: str = "rollout",
                     status: str | None = None) -> Trajectory:
-    """A deterministic trajectory (random bytes stand in for PNGs; the store never decodes
-    them). Screenshots are unique to the trajectory unless `shared_screens` > 0, which
-    draws them from that many contents shared by all trajectories (blob dedup)."""
+    """A deterministic trajectory; its screenshots are `stand_in_png`s of `screenshot_bytes`
+    bytes (the store reads only their PNG header). Screenshots are unique to the trajectory
+    unless `shared_screens` > 0, which draws them from that many contents shared by all
+    trajectories (blob dedup)."""
     rng = np.random.default_rng(zlib.crc32(traj_id.encode()))
     shots = [_screen(rng, traj_id, i, screenshot_bytes, shared_screens) for i in range(steps)]
     step_list = [Step(prompt_ids=rng.integers(0, 150_000, prompt_len, dtype=np.int32),
@@ -40,8 +43,26 @@ def make_trajectory(traj_id: str, task_id: str, *, success: bool = False, steps:
 def _screen(rng: np.random.Generator, traj_id: str, i: int, size: int, shared: int) -> bytes:
     if shared:
         key = zlib.crc32(f"{traj_id}/{i}".encode()) % shared
-        return np.random.default_rng(key).bytes(size)
-    return rng.bytes(size)
+        return stand_in_png(np.random.default_rng(key), size)
+    return stand_in_png(rng, size)
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+_IHDR = _chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))  # 1x1, 8-bit gray
+_IDAT = _chunk(b"IDAT", zlib.compress(b"\x00\x00"))  # filter byte, one black pixel
+_IEND = _chunk(b"IEND", b"")
+_PNG_OVERHEAD = len(SIGNATURE + _IHDR + _IDAT + _IEND) + 12  # the padding chunk's frame
+
+
+def stand_in_png(rng: np.random.Generator, size: int) -> bytes:
+    """A valid 1x1 PNG of exactly `size` bytes: random bytes in a private ancillary chunk
+    (which decoders skip) keep contents unique and incompressible."""
+    if size < _PNG_OVERHEAD:
+        raise ValueError(f"a stand-in PNG takes at least {_PNG_OVERHEAD} bytes, asked for {size}")
+    return SIGNATURE + _IHDR + _IDAT + _chunk(b"paDd", rng.bytes(size - _PNG_OVERHEAD)) + _IEND
 
 
 def put(store, *trajs: Trajectory) -> list[bool]:

@@ -7,6 +7,11 @@ takes the arrays transformers' processor returns and computes:
   tokens count 1 each; an image's tokens take (t, h, w) grid positions offset by the running
   position; the next text resumes after max(h, w) of the merged grid). Positions count only
   attended tokens, so left padding does not shift them; padded positions get 0.
+- packed rows: `attention_mask` may number sequences sharing a row (1, 2, ... in row order;
+  0 is padding) when `packed=True`. Each sequence attends only to itself and its positions
+  start at 0, so its outputs equal those of the sequence in a row of its own. transformers'
+  0/1 mask is the one-sequence case. `packed` is static (a pytree meta field): the decoder
+  then never takes a single-segment kernel.
 - the vision layout, per batch row: each image's merge units are ordered window by window
   (transformers' `get_vision_window_index`), and every window is padded to `window_patches`
   slots. `pixel_values` [B, S, C*t*p*p] holds the row's patches in that slot order (zeros in pad
@@ -41,6 +46,7 @@ class ModelInputs:
     pixel_values: np.ndarray | None = None  # [B, S, C*t*p*p] float32
     vision_position_ids: np.ndarray | None = None  # [B, S, 2] int32
     vision_segment_ids: np.ndarray | None = None  # [B, S] int32
+    packed: bool = False  # static: rows may hold several sequences (attention_mask numbers them)
 
     @property
     def has_vision(self) -> bool:
@@ -48,7 +54,8 @@ class ModelInputs:
 
 
 jax.tree_util.register_dataclass(
-    ModelInputs, data_fields=[f.name for f in dataclasses.fields(ModelInputs)], meta_fields=[]
+    ModelInputs, data_fields=[f.name for f in dataclasses.fields(ModelInputs) if f.name != "packed"],
+    meta_fields=["packed"]
 )
 
 
@@ -61,6 +68,7 @@ def make_inputs(
     *,
     seq_len: int | None = None,
     num_slots: int | None = None,
+    packed: bool = False,
 ) -> ModelInputs:
     ids = np.asarray(input_ids, dtype=np.int64)
     if ids.ndim != 2:
@@ -68,17 +76,19 @@ def make_inputs(
     mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask).astype(np.int64)
     if mask.shape != ids.shape:
         raise ValueError(f"attention_mask shape {mask.shape} != input_ids shape {ids.shape}")
+    if mask.size and (mask.min() < 0 or mask.max() > (np.iinfo(np.int32).max if packed else 1)):
+        raise ValueError(f"attention_mask holds 0/1{' or sequence numbers' if packed else ''}, "
+                         f"got values in [{mask.min()}, {mask.max()}]")
     if np.any((ids == config.video_token_id) & (mask > 0)):
         raise ValueError("video inputs are not supported (found video_token_id in input_ids)")
     ids, mask = _pad_seq(ids, mask, seq_len)
     grids = np.zeros((0, 3), np.int64) if image_grid_thw is None else np.asarray(image_grid_thw, np.int64).reshape(-1, 3)
     runs = [_image_runs(ids[b], mask[b], config.image_token_id) for b in range(len(ids))]
     row_grids = _assign_images(runs, grids, config.vision.spatial_merge_size)
-    position_ids = np.stack(
-        [_rope_index(ids[b], mask[b], runs[b], row_grids[b], config.vision.spatial_merge_size) for b in range(len(ids))],
-        axis=1,
-    )
-    inputs = ModelInputs(ids.astype(np.int32), mask.astype(np.int32), position_ids.astype(np.int32))
+    merge = config.vision.spatial_merge_size
+    position_ids = np.stack([_row_positions(ids[b], mask[b], runs[b], row_grids[b], merge) for b in range(len(ids))],
+                            axis=1)
+    inputs = ModelInputs(ids.astype(np.int32), mask.astype(np.int32), position_ids.astype(np.int32), packed=packed)
     if len(grids) == 0 and not num_slots:
         if pixel_values is not None and len(pixel_values):
             raise ValueError("pixel_values given without image tokens / image_grid_thw")
@@ -97,10 +107,10 @@ def _pad_seq(ids, mask, seq_len):
 
 
 def _image_runs(ids_T, mask_T, image_token_id) -> list[tuple[int, int]]:
-    """(start, end) index ranges of consecutive attended image tokens."""
-    is_img = np.concatenate([[False], (ids_T == image_token_id) & (mask_T > 0), [False]])
-    edges = np.flatnonzero(np.diff(is_img.astype(np.int8)))
-    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+    """(start, end) index ranges of consecutive attended image tokens of one sequence."""
+    key = np.where(ids_T == image_token_id, mask_T, 0)  # a run ends where its sequence does
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], key, [0]])))
+    return [(a, e) for a, e in zip(edges[:-1].tolist(), edges[1:].tolist()) if key[a] > 0]
 
 
 def _assign_images(runs, grids, merge) -> list[np.ndarray]:
@@ -116,6 +126,16 @@ def _assign_images(runs, grids, merge) -> list[np.ndarray]:
         out.append(g)
         k += len(row)
     return out
+
+
+def _row_positions(ids_T, mask_T, runs, grids, merge) -> np.ndarray:
+    """Positions of one row: each sequence of a packed row on its own, from 0."""
+    pos = np.zeros((3, len(ids_T)), np.int64)
+    seq_of_run = [mask_T[a] for a, _ in runs]
+    for seq in np.unique(mask_T[mask_T > 0]):
+        mine = [k for k, s in enumerate(seq_of_run) if s == seq]
+        pos += _rope_index(ids_T, mask_T == seq, [runs[k] for k in mine], grids[mine], merge)
+    return pos
 
 
 def _rope_index(ids_T, mask_T, runs, grids, merge) -> np.ndarray:

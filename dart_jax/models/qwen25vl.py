@@ -82,7 +82,7 @@ class Qwen25VL(nnx.Module):
 
     def hidden_states(self, inputs: ModelInputs):
         return self.model(self.embed(inputs), inputs.attention_mask, inputs.position_ids,
-                          remat=self.options.remat, impl=self.options.attention)
+                          remat=self.options.remat, impl=self.options.attention, packed=inputs.packed)
 
     def lm_head_kernel(self):
         if self.lm_head is None:

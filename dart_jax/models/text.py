@@ -35,14 +35,14 @@ class Attention(nnx.Module):
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
         self.dtype = dtype
 
-    def __call__(self, x_BxTxD, cos_BxTxK, sin_BxTxK, seg_BxT, impl: str):
+    def __call__(self, x_BxTxD, cos_BxTxK, sin_BxTxK, seg_BxT, impl: str, packed: bool):
         b, t, _ = x_BxTxD.shape
         q = self.q_proj(x_BxTxD).reshape(b, t, self.heads, self.head_dim)
         k = self.k_proj(x_BxTxD).reshape(b, t, self.kv_heads, self.head_dim)
         v = self.v_proj(x_BxTxD).reshape(b, t, self.kv_heads, self.head_dim)
         q = constrain(apply_rotary(q, cos_BxTxK, sin_BxTxK), ("batch", "length", "act_heads", "head_dim"))
         k = constrain(apply_rotary(k, cos_BxTxK, sin_BxTxK), ("batch", "length", "act_kv_heads", "head_dim"))
-        out = attention(q, k, v, seg_BxT, seg_BxT, causal=True, impl=impl, single_segment=True)
+        out = attention(q, k, v, seg_BxT, seg_BxT, causal=True, impl=impl, single_segment=not packed)
         return self.o_proj(out.reshape(b, t, -1))
 
 
@@ -53,8 +53,8 @@ class DecoderLayer(nnx.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, seg, impl: str):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, seg, impl)
+    def __call__(self, x, cos, sin, seg, impl: str, packed: bool):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, seg, impl, packed)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return constrain(x, _ACT)
 
@@ -78,10 +78,12 @@ class TextModel(nnx.Module):
         emb = jnp.concatenate([freqs, freqs], axis=-1)
         return jnp.cos(emb).astype(self.dtype), jnp.sin(emb).astype(self.dtype)
 
-    def __call__(self, embeds_BxTxD, attention_mask_BxT, pos_3xBxT, *, remat: str, impl: str):
-        """Final-norm hidden states [B, T, D] for causal attention over the unmasked tokens."""
-        seg_BxT = jnp.where(attention_mask_BxT > 0, 0, -1)  # one segment per row; -1: padding
+    def __call__(self, embeds_BxTxD, attention_mask_BxT, pos_3xBxT, *, remat: str, impl: str,
+                 packed: bool = False):
+        """Final-norm hidden states [B, T, D] for causal attention within each sequence: the
+        mask numbers a packed row's sequences (1, 2, ...; `packed`), 0 is padding."""
+        seg_BxT = attention_mask_BxT - 1  # -1: padding
         cos, sin = self.rotary(pos_3xBxT)
         x = constrain(embeds_BxTxD, _ACT)
-        x = scan(self.layers, x, lambda layer, x, _: layer(x, cos, sin, seg_BxT, impl), check_remat(remat))
+        x = scan(self.layers, x, lambda layer, x, _: layer(x, cos, sin, seg_BxT, impl, packed), check_remat(remat))
         return self.norm(x)

@@ -93,7 +93,7 @@ def screens_of(model, plan, trainer) -> Screens:
     image = ImageProcessorConfig(plan.min_pixels, plan.max_pixels, patch_size=v.patch_size,
                                  temporal_patch_size=v.temporal_patch_size, merge_size=v.spatial_merge_size)
     b = trainer.buckets
-    collator = Collator(model, image, BucketSpec(b.seq_lens, b.num_slots, b.rows))
+    collator = Collator(model, image, BucketSpec(b.seq_lens, b.num_slots, b.rows, b.pack))
     grid = image.grid_thw(plan.screen_height, plan.screen_width)
     return Screens(plan.screenshots, image.resized_hw(plan.screen_height, plan.screen_width),
                    grid[1] * grid[2], image.num_image_tokens(plan.screen_height, plan.screen_width),

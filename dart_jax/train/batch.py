@@ -1,14 +1,18 @@
 """Wire trajectories -> padded, bucketed train arrays, on the host (numpy; no torch).
 
 What the train step (step.py) gets: a `TrainBatch`, a frozen pytree dataclass of B rows padded
-to a shape bucket (seq_len T, vision slots S), so the step compiles once per bucket:
+to a shape bucket (seq_len T, vision slots S, P step slots a row), so the step compiles once per
+bucket:
 
     collator = Collator.from_pretrained(hf_dir, BucketSpec(seq_lens=(1024, 4096),
                                                            num_slots=(512, 2048), rows=8))
-    shapes = [collator.shape(traj, i) for i in range(len(traj.steps))]   # cheap: no pixels
+    refs = screens.refs(ti)                   # trajectory ti's screenshots (train/screens.py)
+    shapes = [collator.shape(traj, i, refs) for i in range(len(traj.steps))]   # no pixels
     fitting = collator.fit(shapes)            # too large for every bucket: dropped, counted
-    examples = collator.examples(traj)        # per step; each screenshot processed once
+    pixels = cache.take(collator.screenshots(traj, steps, refs))   # processed once per batch
+    examples = [collator.example(traj, i, refs, pixels) for i in steps]
     batch = collator.collate(examples)        # smallest bucket that holds them; B = rows
+    batch = collator.collate_rows([[a, b], [c]])   # packed: steps a and b share row 0
 
 Per step, the row is prompt + response ids (T = P + R) with next-token alignment:
 `targets_T[t] = ids[t + 1]`, `loss_mask_T[t] = 1` exactly where ids[t + 1] is a response token
@@ -16,31 +20,39 @@ Per step, the row is prompt + response ids (T = P + R) with next-token alignment
 model's logits at position t predict targets_T[t], so `logp_T = token_logprobs(h_T, targets_T)`
 lines up with rollout_logp_T and loss_mask_T directly. Pixel values are rebuilt from the
 step's PNG screenshots with the numpy Qwen2-VL processor (bit-exact with what vLLM saw), and
-`make_inputs` lays out mrope positions and the padded vision windows.
+`make_inputs` lays out mrope positions and the padded vision windows. Screenshots are named by
+content (`ScreenshotRef`), so shapes come from their recorded sizes and pixels from a per-batch
+cache, whether the bytes travel in the trajectory or are fetched by hash.
 
-Padding rows (a partial batch) have step_weight_B = 0, an all-zero attention and loss mask;
-losses must weight rows by step_weight_B. `group_B` numbers the tasks and `traj_B` the
-trajectories of the batch in first-appearance order (or by the maps the caller passes, so
-several microbatches of one curated batch share ids for GRPO's group statistics).
+Packing: a row may hold up to P = `BucketSpec.pack` steps one after another, numbered 1..k by
+the row's attention mask (make_inputs: each attends to itself only, its positions from 0), so
+short steps fill what would be padding. The model reads rows ([B, T]); everything about steps
+has a step-slot axis: step j of row b is slot (b, j), its per-token arrays (`loss_mask_BxPxT`,
+`rollout_logp_BxPxT`) hold its values at its own positions of row b and 0 elsewhere, and its
+per-step values are [B, P]. Unpacked (P = 1), a slot is a row.
+
+Empty slots and padding rows have step_weight_BxP = 0 and an all-zero loss mask; losses must
+weight steps by step_weight_BxP. `group_BxP` numbers the tasks and `traj_BxP` the trajectories
+of the batch in first-appearance order (or by the maps the caller passes, so several
+microbatches of one curated batch share ids for GRPO's group statistics).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 import jax
 import numpy as np
-from PIL import Image
 
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.hf_io import read_config
-from dart_jax.models.image_processing import ImageProcessorConfig, preprocess_images
+from dart_jax.models.image_processing import ImageProcessorConfig
 from dart_jax.models.inputs import ModelInputs, make_inputs
-from dart_jax.wire.messages import Trajectory
+from dart_jax.train.screens import Processed
+from dart_jax.wire.messages import ScreenshotRef, Trajectory
 
 
 class Shaped(Protocol):
@@ -60,15 +72,18 @@ class Bucket:
     seq_len: int
     num_slots: int
     rows: int
+    pack: int = 1  # step slots per row
 
 
 @dataclass(frozen=True)
 class BucketSpec:
-    """Allowed padded shapes: every (seq_len, num_slots) pair, `rows` rows per batch.
-    num_slots values must be multiples of the vision window's patch count."""
+    """Allowed padded shapes: every (seq_len, num_slots) pair, `rows` rows per batch, each
+    holding up to `pack` steps. num_slots values must be multiples of the vision window's
+    patch count."""
     seq_lens: tuple[int, ...]
     num_slots: tuple[int, ...]
     rows: int
+    pack: int = 1
 
     def __post_init__(self) -> None:
         for name in ("seq_lens", "num_slots"):
@@ -76,8 +91,8 @@ class BucketSpec:
             if not values or values[0] <= 0:
                 raise ValueError(f"BucketSpec.{name} must be positive values, got {values}")
             object.__setattr__(self, name, values)
-        if self.rows < 1:
-            raise ValueError(f"BucketSpec.rows must be >= 1, got {self.rows}")
+        if self.rows < 1 or self.pack < 1:
+            raise ValueError(f"BucketSpec.rows and .pack must be >= 1, got {self.rows}, {self.pack}")
 
     def fits(self, item: Shaped) -> bool:
         return item.seq_len <= self.seq_lens[-1] and item.num_slots <= self.num_slots[-1]
@@ -93,7 +108,7 @@ class BucketSpec:
         if seq is None or slots is None:
             raise ValueError(f"an example needs ({t} tokens, {s} slots); the largest bucket is "
                              f"({self.seq_lens[-1]}, {self.num_slots[-1]}): drop it with Collator.fit")
-        return Bucket(seq, slots, self.rows)
+        return Bucket(seq, slots, self.rows, self.pack)
 
 
 @dataclass(frozen=True)
@@ -120,18 +135,18 @@ class StepExample:
 
 @dataclass(frozen=True)
 class TrainBatch:
-    """B rows padded to one bucket (T tokens, S vision slots). A JAX pytree."""
+    """B rows padded to one bucket (T tokens, S vision slots), P step slots a row. A JAX pytree."""
     inputs: ModelInputs  # input_ids/attention_mask [B, T], position_ids [3, B, T], vision [B, S, ...]
-    targets_BxT: np.ndarray  # int32
-    loss_mask_BxT: np.ndarray  # float32
-    rollout_logp_BxT: np.ndarray  # float32
-    reward_B: np.ndarray  # float32: the trajectory's reward
-    group_B: np.ndarray  # int32: task id within the batch (GRPO group)
-    traj_B: np.ndarray  # int32: trajectory id within the batch
-    step_weight_B: np.ndarray  # float32: 1 for real rows, 0 for padding rows
-    temperature_B: np.ndarray  # float32: the rollout's sampling temperature
-    policy_version_B: np.ndarray  # int32: the policy version that sampled the step
-    is_demo_B: np.ndarray  # bool: demonstration (no sampler log-probs; no importance weights)
+    targets_BxT: np.ndarray  # int32: each step's next tokens at its positions
+    loss_mask_BxPxT: np.ndarray  # float32: step slot (b, j)'s response targets in row b
+    rollout_logp_BxPxT: np.ndarray  # float32
+    reward_BxP: np.ndarray  # float32: the trajectory's reward
+    group_BxP: np.ndarray  # int32: task id within the batch (GRPO group)
+    traj_BxP: np.ndarray  # int32: trajectory id within the batch
+    step_weight_BxP: np.ndarray  # float32: 1 for real steps, 0 for empty slots and padding rows
+    temperature_BxP: np.ndarray  # float32: the rollout's sampling temperature
+    policy_version_BxP: np.ndarray  # int32: the policy version that sampled the step
+    is_demo_BxP: np.ndarray  # bool: demonstration (no sampler log-probs; no importance weights)
 
     @property
     def rows(self) -> int:
@@ -159,11 +174,6 @@ def align_step(prompt_ids: np.ndarray, response_ids: np.ndarray, logprobs: np.nd
     return ids, targets, mask, logp
 
 
-def decode_png(png: bytes) -> Image.Image:
-    """A screenshot as the rollout worker handed it to the processor (RGB)."""
-    return Image.open(io.BytesIO(png)).convert("RGB")
-
-
 class Collator:
     """Steps -> StepExamples -> TrainBatches for one model; counts dropped examples."""
 
@@ -185,10 +195,10 @@ class Collator:
         windows = lambda n: -(-(n // v.spatial_merge_size) // v.window_merged)  # noqa: E731
         return int(t * windows(h) * windows(w) * v.window_patches)
 
-    def shape(self, traj: Trajectory, i: int) -> StepShape:
-        """Step i's needs, from the PNG headers only (no decoding)."""
+    def shape(self, traj: Trajectory, i: int, refs: Sequence[ScreenshotRef]) -> StepShape:
+        """Step i's needs, from the sizes of its screenshots `refs` (no pixels)."""
         step = traj.steps[i]
-        slots = sum(self.grid_slots(*self.image_cfg.grid_thw(*_png_hw(traj.screenshots[r])))
+        slots = sum(self.grid_slots(*self.image_cfg.grid_thw(refs[r].height, refs[r].width))
                     for r in step.image_refs)
         return StepShape(len(step.prompt_ids) + len(step.response_ids), slots)
 
@@ -208,74 +218,85 @@ class Collator:
         self.dropped += len(items) - len(kept)
         return kept
 
-    def examples(self, traj: Trajectory, steps: Sequence[int] | None = None) -> list[StepExample]:
-        """Examples of the given steps (all by default); each screenshot is processed once."""
-        steps = range(len(traj.steps)) if steps is None else steps
-        cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for i in steps:
-            for r in traj.steps[i].image_refs:
-                if r not in cache:
-                    px = preprocess_images([decode_png(traj.screenshots[r])], self.image_cfg)
-                    cache[r] = (px.pixel_values_NxD, px.image_grid_thw_Ix3)
-        return [self._example(traj, i, cache) for i in steps]
+    @staticmethod
+    def screenshots(traj: Trajectory, steps: Sequence[int], refs: Sequence[ScreenshotRef]) -> list[str]:
+        """The sha256 of every screenshot the given steps show, in prompt order."""
+        return [refs[r].sha256 for i in steps for r in traj.steps[i].image_refs]
 
-    def _example(self, traj: Trajectory, i: int, cache) -> StepExample:
+    def example(self, traj: Trajectory, i: int, refs: Sequence[ScreenshotRef],
+                pixels: Mapping[str, Processed]) -> StepExample:
+        """Step i as a row; `pixels` holds its screenshots processed (ScreenCache.take)."""
         step = traj.steps[i]
         ids, targets, mask, logp = align_step(step.prompt_ids, step.response_ids, step.logprobs)
-        refs = step.image_refs
-        pixels = (np.concatenate([cache[r][0] for r in refs]) if refs
-                  else np.zeros((0, self.config.vision.patch_dim), np.float32))
-        grids = np.concatenate([cache[r][1] for r in refs]) if refs else np.zeros((0, 3), np.int64)
+        shown = [pixels[refs[r].sha256] for r in step.image_refs]
+        patches = np.concatenate([np.zeros((0, self.config.vision.patch_dim), np.float32)]
+                                 + [p.pixel_values_NxD for p in shown])
+        grids = np.asarray([p.grid_thw for p in shown], np.int64).reshape(-1, 3)
         slots = sum(self.grid_slots(*g) for g in grids)
-        return StepExample(ids, targets, mask, logp, pixels, grids, slots, traj.task_id, traj.traj_id,
+        return StepExample(ids, targets, mask, logp, patches, grids, slots, traj.task_id, traj.traj_id,
                            float(traj.reward), float(traj.temperature), int(step.policy_version),
                            traj.source == "demo")
 
     def collate(self, examples: Sequence[StepExample], bucket: Bucket | None = None, *,
                 groups: Mapping[str, int] | None = None,
                 trajs: Mapping[str, int] | None = None) -> TrainBatch:
-        """Pad `examples` into one TrainBatch of `bucket.rows` rows (chosen when not given; with
-        a bucket, `examples` may be empty: all padding, as a host's share of a last batch can be).
-        `groups` / `trajs` map task / trajectory ids to ints (first appearance by default)."""
-        bucket = bucket or self.buckets.choose_bucket(examples)
-        if len(examples) > bucket.rows:
-            raise ValueError(f"{len(examples)} examples for a bucket of {bucket.rows} rows")
-        groups = groups if groups is not None else dense_ids(e.task_id for e in examples)
-        trajs = trajs if trajs is not None else dense_ids(e.traj_id for e in examples)
-        b, t, n = bucket.rows, bucket.seq_len, len(examples)
+        """One step a row: `collate_rows` with each example in a row of its own."""
+        return self.collate_rows([[e] for e in examples], bucket, groups=groups, trajs=trajs)
 
-        def rows(field: str, dtype) -> np.ndarray:
+    def collate_rows(self, rows: Sequence[Sequence[StepExample]], bucket: Bucket | None = None, *,
+                     groups: Mapping[str, int] | None = None,
+                     trajs: Mapping[str, int] | None = None) -> TrainBatch:
+        """Pad `rows` (each up to `pack` steps, back to back) into one TrainBatch of `bucket.rows`
+        rows (chosen when not given; with a bucket, `rows` may be empty: all padding, as a host's
+        share of a last batch can be). `groups` / `trajs` map task / trajectory ids to ints
+        (first appearance by default)."""
+        shapes = [StepShape(sum(e.seq_len for e in r), sum(e.num_slots for e in r)) for r in rows]
+        bucket = bucket or self.buckets.choose_bucket(shapes)
+        if len(rows) > bucket.rows or any(not 0 < len(r) <= bucket.pack for r in rows):
+            raise ValueError(f"{[len(r) for r in rows]} steps in rows for a bucket of {bucket.rows} "
+                             f"rows of 1..{bucket.pack} steps")
+        steps = [e for r in rows for e in r]
+        groups = groups if groups is not None else dense_ids(e.task_id for e in steps)
+        trajs = trajs if trajs is not None else dense_ids(e.traj_id for e in steps)
+        b, p, t = bucket.rows, bucket.pack, bucket.seq_len
+        placed = [(k, j, sum(x.seq_len for x in r[:j]), e) for k, r in enumerate(rows) for j, e in enumerate(r)]
+
+        def tokens(value, dtype) -> np.ndarray:  # [B, T]: each step's value at its positions
             out = np.zeros((b, t), dtype)
-            for k, e in enumerate(examples):
-                x = getattr(e, field)
-                out[k, :len(x)] = x
+            for k, j, at, e in placed:
+                out[k, at:at + e.seq_len] = value(j, e)
             return out
 
-        def per_row(values, dtype) -> np.ndarray:
-            out = np.zeros(b, dtype)
-            out[:n] = list(values)
+        def slot_tokens(field: str) -> np.ndarray:  # [B, P, T]: slot (k, j) at its positions
+            out = np.zeros((b, p, t), np.float32)
+            for k, j, at, e in placed:
+                out[k, j, at:at + e.seq_len] = getattr(e, field)
             return out
 
-        mask = np.zeros((b, t), np.int32)
-        for k, e in enumerate(examples):
-            mask[k, :e.seq_len] = 1
+        def per_slot(value, dtype) -> np.ndarray:  # [B, P]
+            out = np.zeros((b, p), dtype)
+            for k, j, _, e in placed:
+                out[k, j] = value(e)
+            return out
+
         pixels = np.concatenate([np.zeros((0, self.config.vision.patch_dim), np.float32)]
-                                + [e.pixel_values_NxD for e in examples])
-        grids = np.concatenate([np.zeros((0, 3), np.int64)] + [e.image_grid_thw_Ix3 for e in examples])
-        inputs = make_inputs(self.config, rows("input_ids_T", np.int32), mask, pixels, grids,
-                             seq_len=t, num_slots=bucket.num_slots)
+                                + [e.pixel_values_NxD for e in steps])
+        grids = np.concatenate([np.zeros((0, 3), np.int64)] + [e.image_grid_thw_Ix3 for e in steps])
+        sequence_BxT = tokens(lambda j, e: j + 1, np.int32)  # the attention mask numbers a row's steps
+        inputs = make_inputs(self.config, tokens(lambda j, e: e.input_ids_T, np.int32), sequence_BxT,
+                             pixels, grids, seq_len=t, num_slots=bucket.num_slots, packed=p > 1)
         return TrainBatch(
             inputs=inputs,
-            targets_BxT=rows("targets_T", np.int32),
-            loss_mask_BxT=rows("loss_mask_T", np.float32),
-            rollout_logp_BxT=rows("rollout_logp_T", np.float32),
-            reward_B=per_row((e.reward for e in examples), np.float32),
-            group_B=per_row((groups[e.task_id] for e in examples), np.int32),
-            traj_B=per_row((trajs[e.traj_id] for e in examples), np.int32),
-            step_weight_B=per_row([1.0] * n, np.float32),
-            temperature_B=per_row((e.temperature for e in examples), np.float32),
-            policy_version_B=per_row((e.policy_version for e in examples), np.int32),
-            is_demo_B=per_row((e.is_demo for e in examples), np.bool_),
+            targets_BxT=tokens(lambda j, e: e.targets_T, np.int32),
+            loss_mask_BxPxT=slot_tokens("loss_mask_T"),
+            rollout_logp_BxPxT=slot_tokens("rollout_logp_T"),
+            reward_BxP=per_slot(lambda e: e.reward, np.float32),
+            group_BxP=per_slot(lambda e: groups[e.task_id], np.int32),
+            traj_BxP=per_slot(lambda e: trajs[e.traj_id], np.int32),
+            step_weight_BxP=per_slot(lambda e: 1.0, np.float32),
+            temperature_BxP=per_slot(lambda e: e.temperature, np.float32),
+            policy_version_BxP=per_slot(lambda e: e.policy_version, np.int32),
+            is_demo_BxP=per_slot(lambda e: e.is_demo, np.bool_),
         )
 
 
@@ -285,10 +306,3 @@ def dense_ids(keys) -> dict[str, int]:
         out.setdefault(k, len(out))
     return out
 
-
-def _png_hw(png: bytes) -> tuple[int, int]:
-    """Height and width as the processor sees them (EXIF rotations swap the axes)."""
-    with Image.open(io.BytesIO(png)) as im:
-        if im.getexif().get(0x0112) in (5, 6, 7, 8):
-            return im.width, im.height
-        return im.height, im.width

@@ -11,6 +11,8 @@ from typing import Literal, Optional, Union
 
 from dart_jax.config.loader import bounded
 
+SCREEN_CACHE_BYTES = 4 * 2**30  # processed screenshots kept per batch (train/screens.py)
+
 
 @dataclasses.dataclass(frozen=True)
 class DualClipLoss:
@@ -77,7 +79,10 @@ class BucketConfig:
     """Static shapes: each batch pads to the smallest bucket that holds it."""
     seq_lens: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
     num_slots: tuple[int, ...] = (256, 1024, 4096)  # vision patch slots per row (multiples of the window)
-    rows: int = bounded(8, ge=1)  # rows (steps) per micro-batch
+    rows: int = bounded(8, ge=1)  # rows per micro-batch
+    # steps one row may hold: >1 packs short steps into shared rows where that pads less than a
+    # row each (train/pipeline.py; RL batches only, an SFT batch is a number of steps)
+    pack: int = bounded(1, ge=1)
     accum_steps: int = bounded(1, ge=1)  # micro-batches per optimizer update
 
     def __post_init__(self) -> None:
@@ -128,6 +133,9 @@ class TrainerConfig:
     # the blockwise XLA path elsewhere
     attention: Literal["auto", "xla", "dense", "cudnn", "splash"] = "auto"
     updates_per_batch: int = bounded(1, ge=1)  # >1 recomputes the old logprobs first
+    # processed screenshots kept per batch (an LRU; a 1920x1080 screenshot is about 50 MB of
+    # pixel values): each is fetched and decoded once while those still to be reused fit
+    screen_cache_bytes: int = bounded(SCREEN_CACHE_BYTES, ge=0)
     seed: int = 0
     loss: LossConfig = LossConfig()
     tis: TISConfig = TISConfig()

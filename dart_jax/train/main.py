@@ -73,7 +73,7 @@ def main(cfg, run: RunDir) -> dict:
 
     hf_dir, tcfg = run.policy_dir(cfg.policy.hf_dir), cfg.trainer
     collator = Collator.from_pretrained(hf_dir, BucketSpec(tcfg.buckets.seq_lens, tcfg.buckets.num_slots,
-                                                           tcfg.buckets.rows))
+                                                           tcfg.buckets.rows, tcfg.buckets.pack))
     trainer = Trainer(tcfg, hf_dir)
     lead = jax.process_index() == 0  # the host that logs, serves weights and writes the export
     metrics = MetricsWriter(run.metrics_path("trainer"), tensorboard_dir=run.root / "tensorboard" / "trainer") \
@@ -89,7 +89,8 @@ def main(cfg, run: RunDir) -> dict:
 
     with Checkpointer(run.checkpoints, max_to_keep=tcfg.checkpoint.keep, async_save=tcfg.checkpoint.async_save) as ckpt:
         if tcfg.mode == "sft":
-            source = iter(TrajectoryFileSource(run.root / cfg.train.sft_data, collator, seed=tcfg.seed))
+            source = iter(TrajectoryFileSource(run.root / cfg.train.sft_data, collator, seed=tcfg.seed,
+                                               screen_cache_bytes=tcfg.screen_cache_bytes))
             loop.sft(trainer, source, ckpt, cfg.train.steps, record)
         else:
             publisher = WeightPublisher(cfg.weights, hf_io.read_config(hf_dir), state_file=run.root / "weights.json")

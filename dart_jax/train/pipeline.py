@@ -3,8 +3,9 @@
 Both hand the train step host-local `TrainBatch`es (dart_jax.train.batch) of `buckets.rows`
 rows per host; `to_global` turns one into globally sharded jax.Arrays. Every host runs the same
 pipeline: the global batch (rows x hosts) and its bucket are decided identically everywhere from
-step shapes (cheap, PNG headers only), and each host decodes and preprocesses only its own
-rows, so `jax.make_array_from_process_local_data` sees the same shapes on every host.
+step shapes (screenshot sizes only: no pixels), and each host fetches, decodes and preprocesses
+only its own rows' screenshots (train/screens.py: once per batch each), so
+`jax.make_array_from_process_local_data` sees the same shapes on every host.
 
 Offline / SFT, a grain pipeline with a checkpointable iterator:
 
@@ -18,14 +19,18 @@ RL, one curated GRPO batch per optimizer step, microbatched lazily:
     source = DataManagerSource(wire_cfg, collator)      # state: the last consumed batch_id
     source.trainer_version = policy_version             # the loop sets it before each next()
     rl = next(source)                                   # RLBatch (blocks until one is ready)
-    for micro in rl.microbatches(collator):             # TrainBatch each, built on demand
+    cache = ScreenCache(rl.screens, collator.image_cfg, max_bytes)   # this batch's pixels
+    for micro in rl.microbatches(collator, cache):      # TrainBatch each, built on demand
         ...
     checkpoint meta: source.get_state(); after a restore, source.set_state(meta) and the data
     manager replays the same batches (it records every batch it hands out).
 
-An RLBatch's microbatches share task and trajectory ids (`group_B`, `traj_B`), and
+An RLBatch's microbatches share task and trajectory ids (`group_BxP`, `traj_BxP`), and
 `rl.reward_N` / `rl.group_N` list every kept step of the batch, so GRPO's per-group statistics
 over the whole curated batch are available before the first microbatch is built.
+
+RL rows may hold several short steps (`BucketSpec.pack` > 1) where that pads less than a row
+each: train/packing.py plans them.
 """
 
 from __future__ import annotations
@@ -43,9 +48,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dart_jax.data.pool import read_trajectories
-from dart_jax.train.batch import Bucket, Collator, StepShape, TrainBatch, dense_ids
-from dart_jax.wire import Client, WireConfig, WireTimeout, from_bytes, to_bytes
-from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch, Step, Trajectory
+from dart_jax.train.batch import Bucket, Collator, StepExample, TrainBatch, dense_ids
+from dart_jax.train.config import SCREEN_CACHE_BYTES
+from dart_jax.train.packing import Row, StepRef, global_bucket, plan_rows
+from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache, ScreenSource
+from dart_jax.wire import Client, Message, WireConfig, WireTimeout, from_bytes, to_bytes
+from dart_jax.wire.messages import (MAX_SCREENSHOTS_PER_REQUEST, BatchRequest, CuratedBatch, NoBatch,
+                                    ScreenshotRequest, Screenshots, Step, Trajectory)
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +70,6 @@ def every_step(traj: Trajectory, step: Step) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class StepRef:
-    """One step of the source's trajectories, with what it needs of a bucket."""
-    traj: int
-    step: int
-    seq_len: int
-    num_slots: int
-
-
 def host_shard() -> tuple[int, int]:
     """(this process's index, process count): which rows of a global batch this host builds."""
     return jax.process_index(), jax.process_count()
@@ -80,10 +80,28 @@ def _local_rows(refs: Sequence, rows: int, shard: tuple[int, int]) -> list:
     return list(refs[index * rows:(index + 1) * rows])
 
 
-def _global_bucket(collator: Collator, refs: Sequence[StepRef]) -> Bucket:
-    """The bucket of a global batch (every host picks the same one); rows stay per host."""
-    shape = StepShape(max(r.seq_len for r in refs), max(r.num_slots for r in refs))
-    return collator.buckets.choose_bucket([shape])
+def step_refs(trajs: Sequence[Trajectory], screens: ScreenSource, collator: Collator,
+              keep: StepFilter) -> list[StepRef]:
+    """The steps `keep` accepts and the collator can score, with their shapes (no pixels)."""
+    return [StepRef(ti, si, *dataclasses.astuple(collator.shape(t, si, screens.refs(ti))))
+            for ti, t in enumerate(trajs) for si, s in enumerate(t.steps)
+            if keep(t, s) and collator.trainable(t, si)]
+
+
+def build_rows(collator: Collator, trajs: Sequence[Trajectory], screens: ScreenSource,
+               cache: ScreenCache, refs: Sequence[StepRef]) -> list[StepExample]:
+    """The examples of `refs` (a host's steps), their screenshots taken from `cache` at once."""
+    shas = [sha for r in refs for sha in collator.screenshots(trajs[r.traj], [r.step], screens.refs(r.traj))]
+    pixels = cache.take(shas)
+    return [collator.example(trajs[r.traj], r.step, screens.refs(r.traj), pixels) for r in refs]
+
+
+def build_batch(collator: Collator, trajectories: Sequence[Trajectory], screens: ScreenSource,
+                cache: ScreenCache, rows: Sequence[Row], bucket: Bucket, *, groups: dict[str, int],
+                trajs: dict[str, int]) -> TrainBatch:
+    """A host's `rows` collated into `bucket`; `groups` / `trajs` number tasks / trajectories."""
+    examples = iter(build_rows(collator, trajectories, screens, cache, [r for row in rows for r in row]))
+    return collator.collate_rows([[next(examples) for _ in row] for row in rows], bucket, groups=groups, trajs=trajs)
 
 
 class TrajectoryFileSource:
@@ -97,13 +115,12 @@ class TrajectoryFileSource:
 
     def __init__(self, path: str | Path, collator: Collator, *, keep: StepFilter = successful_steps,
                  seed: int = 0, num_epochs: int | None = None, shard: tuple[int, int] | None = None,
-                 read_threads: int = 2, prefetch: int = 4):
-        self.collator = collator
+                 read_threads: int = 2, prefetch: int = 4, screen_cache_bytes: int = SCREEN_CACHE_BYTES):
+        self.collator, self.screen_cache_bytes = collator, screen_cache_bytes
         self.trajectories = list(read_trajectories(Path(path)))
+        self.screens = InlineScreens(self.trajectories)
         self.shard = shard or host_shard()
-        refs = [StepRef(ti, si, *dataclasses.astuple(collator.shape(t, si)))
-                for ti, t in enumerate(self.trajectories) for si, s in enumerate(t.steps)
-                if keep(t, s) and collator.trainable(t, si)]
+        refs = step_refs(self.trajectories, self.screens, collator, keep)
         before = collator.dropped
         self.refs = collator.fit(refs)
         self.dropped = collator.dropped - before
@@ -119,64 +136,79 @@ class TrajectoryFileSource:
         return iter(self.dataset)
 
     def _build(self, refs: list[StepRef]) -> TrainBatch:
-        bucket = _global_bucket(self.collator, refs)
+        rows = [(r,) for r in refs]  # one step a row: an SFT batch is a number of steps
+        bucket = global_bucket(self.collator, rows)
         groups = dense_ids(self.trajectories[r.traj].task_id for r in refs)
         trajs = dense_ids(self.trajectories[r.traj].traj_id for r in refs)
-        local = _local_rows(refs, bucket.rows, self.shard)
-        examples = [ex for r in local for ex in self.collator.examples(self.trajectories[r.traj], [r.step])]
-        return self.collator.collate(examples, bucket, groups=groups, trajs=trajs)
+        local = _local_rows(rows, bucket.rows, self.shard)
+        cache = ScreenCache(self.screens, self.collator.image_cfg, self.screen_cache_bytes)
+        return build_batch(self.collator, self.trajectories, self.screens, cache, local, bucket,
+                           groups=groups, trajs=trajs)
 
 
 @dataclass(frozen=True)
 class RLBatch:
-    """One curated GRPO batch, planned into microbatches of rows x hosts steps each.
+    """One curated GRPO batch, planned into microbatches of rows x hosts rows each.
 
-    The *_N arrays list the kept steps in plan order: global row k of microbatch m is entry
-    m * rows * hosts + k (this host's rows start at host_index * rows), so per-step values
-    computed over the whole batch (advantages.grpo_step_advantages(reward_N, group_N, traj_N,
-    ones)) line up with every microbatch's rows."""
+    The *_N arrays list the kept steps in plan order (microbatch, global row, place in the row;
+    this host's rows start at host_index * rows), and `slot_steps(m)` maps microbatch m's global
+    step slots (row g, slot j: g * pack + j) to them, so per-step values computed over the whole
+    batch (advantages.grpo_step_advantages(reward_N, group_N, traj_N, ones)) reach every
+    microbatch's steps."""
     batch_id: int
     trainer_version: int
     trajectories: tuple[Trajectory, ...]
+    screens: ScreenSource  # the trajectories' screenshots
     injected: tuple[str, ...]  # trajectory ids the data manager took from the pool
-    plan: tuple[tuple[StepRef, ...], ...]  # global rows of each microbatch
+    plan: tuple[tuple[Row, ...], ...]  # global rows of each microbatch
     buckets: tuple[Bucket, ...]  # the bucket of each microbatch
     reward_N: np.ndarray  # float32: every kept step of the batch, in plan order
-    group_N: np.ndarray  # int32: its task id within the batch (= group_B's numbering)
-    traj_N: np.ndarray  # int32: its trajectory id within the batch (= traj_B's numbering)
+    group_N: np.ndarray  # int32: its task id within the batch (= group_BxP's numbering)
+    traj_N: np.ndarray  # int32: its trajectory id within the batch (= traj_BxP's numbering)
     dropped: int  # steps too large for every bucket
     shard: tuple[int, int]
 
     def __len__(self) -> int:
         return len(self.plan)
 
-    def microbatches(self, collator: Collator) -> Iterator[TrainBatch]:
-        """This host's rows of each microbatch, decoded and preprocessed on demand."""
+    def slot_steps(self, m: int) -> np.ndarray:
+        """int32 [rows * hosts * pack]: the plan-order step in each global step slot of
+        microbatch m, -1 where a slot or row is empty."""
+        bucket = self.buckets[m]
+        out = np.full(bucket.rows * self.shard[1] * bucket.pack, -1, np.int32)
+        first = sum(len(row) for rows in self.plan[:m] for row in rows)
+        slots = [g * bucket.pack + j for g, row in enumerate(self.plan[m]) for j in range(len(row))]
+        out[slots] = np.arange(first, first + len(slots))
+        return out
+
+    def microbatches(self, collator: Collator, cache: ScreenCache) -> Iterator[TrainBatch]:
+        """This host's rows of each microbatch, built on demand; their screenshots come from
+        `cache` (one per batch: each fetched, decoded and preprocessed once)."""
         groups = dense_ids(t.task_id for t in self.trajectories)
         trajs = dense_ids(t.traj_id for t in self.trajectories)
-        for refs, bucket in zip(self.plan, self.buckets):
-            local = _local_rows(refs, bucket.rows, self.shard)
-            examples = [ex for r in local for ex in collator.examples(self.trajectories[r.traj], [r.step])]
-            yield collator.collate(examples, bucket, groups=groups, trajs=trajs)
+        for rows, bucket in zip(self.plan, self.buckets):
+            local = _local_rows(rows, bucket.rows, self.shard)
+            yield build_batch(collator, self.trajectories, self.screens, cache, local, bucket,
+                              groups=groups, trajs=trajs)
 
 
-def plan_batch(batch: CuratedBatch, collator: Collator, *, keep: StepFilter = every_step,
-               shard: tuple[int, int] | None = None) -> RLBatch:
-    """Kept steps sorted by shape (long with long: tight buckets), cut into global microbatches."""
+def plan_batch(batch: CuratedBatch, collator: Collator, screens: ScreenSource, *,
+               keep: StepFilter = every_step, shard: tuple[int, int] | None = None) -> RLBatch:
+    """Kept steps in global microbatches of rows sorted by shape (`plan_rows`: packed where
+    that pads less); `screens` names the trajectories' screenshots (FetchedScreens for a data
+    manager's batch)."""
     shard = shard or host_shard()
     trajs = tuple(batch.trajectories)
-    refs = [StepRef(ti, si, *dataclasses.astuple(collator.shape(t, si)))
-            for ti, t in enumerate(trajs) for si, s in enumerate(t.steps)
-            if keep(t, s) and collator.trainable(t, si)]
+    refs = step_refs(trajs, screens, collator, keep)
     before = collator.dropped
-    refs = sorted(collator.fit(refs), key=lambda r: (r.seq_len, r.num_slots, r.traj, r.step))
+    refs = collator.fit(refs)
     dropped = collator.dropped - before
-    size = collator.buckets.rows * shard[1]
-    plan = tuple(tuple(refs[i:i + size]) for i in range(0, len(refs), size))
+    plan = tuple(plan_rows(refs, collator, shard[1]))
+    refs = [r for rows in plan for row in rows for r in row]  # plan order
     groups = dense_ids(t.task_id for t in trajs)
     return RLBatch(
-        batch_id=batch.batch_id, trainer_version=batch.trainer_version, trajectories=trajs,
-        injected=tuple(batch.injected), plan=plan, buckets=tuple(_global_bucket(collator, p) for p in plan),
+        batch_id=batch.batch_id, trainer_version=batch.trainer_version, trajectories=trajs, screens=screens,
+        injected=tuple(batch.injected), plan=plan, buckets=tuple(global_bucket(collator, p) for p in plan),
         reward_N=np.asarray([trajs[r.traj].reward for r in refs], np.float32),
         group_N=np.asarray([groups[trajs[r.traj].task_id] for r in refs], np.int32),
         traj_N=np.asarray([r.traj for r in refs], np.int32), dropped=dropped, shard=shard)
@@ -188,9 +220,9 @@ class DataManagerSource:
     `next()` asks for the batch after the last consumed one with `BatchRequest`, waiting
     `retry_after_s` on each NoBatch (up to `max_wait_s`, then TimeoutError; None: forever).
     Set `trainer_version` before each `next()`: the data manager curates for it (staleness).
-    On a multi-host trainer only process 0 talks to the data manager; it broadcasts the
-    batch (its msgpack bytes) to the others, and every host plans the same microbatches
-    and builds its own rows of them.
+    On a multi-host trainer only process 0 asks for batches; it broadcasts the batch (its
+    msgpack bytes: screenshots travel by reference) to the others, every host plans the same
+    microbatches, and each fetches the screenshots of its own rows (`fetch_screenshots`).
     """
 
     def __init__(self, wire: WireConfig, collator: Collator, *, keep: StepFilter = every_step,
@@ -214,20 +246,41 @@ class DataManagerSource:
         if batch.batch_id != self.after_batch_id + 1:
             raise RuntimeError(f"asked for the batch after {self.after_batch_id}, got {batch.batch_id}")
         self.after_batch_id = batch.batch_id
-        return plan_batch(batch, self.collator, keep=self.keep, shard=self.shard)
+        screens = FetchedScreens(batch.screens, self.fetch_screenshots)
+        return plan_batch(batch, self.collator, screens, keep=self.keep, shard=self.shard)
 
-    def _fetch(self) -> CuratedBatch:
-        deadline = None if self.max_wait_s is None else time.monotonic() + self.max_wait_s
+    def fetch_screenshots(self, sha256s: Sequence[str]) -> list[bytes]:
+        """PNG bytes by hash, in order, over this host's own link to the data manager: as
+        many requests as its bounds (hashes per request, bytes per reply) take."""
+        out: list[bytes] = []
+        while len(out) < len(sha256s):
+            ask = list(sha256s[len(out):len(out) + MAX_SCREENSHOTS_PER_REQUEST])
+            reply = self._ask(ScreenshotRequest(sha256=ask), self._deadline())
+            if not isinstance(reply, Screenshots) or not 0 < len(reply.png) <= len(ask):
+                raise RuntimeError(f"the data manager answered a ScreenshotRequest with {type(reply).__name__}")
+            out += reply.png
+        return out
+
+    def _deadline(self) -> float | None:
+        return None if self.max_wait_s is None else time.monotonic() + self.max_wait_s
+
+    def _ask(self, msg: Message, deadline: float | None) -> Message:
+        """The data manager's reply, asked again while it does not answer (it may be
+        restarting; every request here is idempotent) until `deadline`."""
         self._client = self._client or Client(self.wire)
         while True:
             try:
-                reply = self._client.request(BatchRequest(trainer_version=self.trainer_version,
-                                                          after_batch_id=self.after_batch_id))
-            except WireTimeout:  # the data manager is restarting; the request is idempotent
+                return self._client.request(msg)
+            except WireTimeout:
                 if deadline is not None and time.monotonic() > deadline:
                     raise
-                log.warning("no answer to a batch request; asking again")
-                continue
+                log.warning("no answer to a %s; asking again", type(msg).__name__)
+
+    def _fetch(self) -> CuratedBatch:
+        deadline = self._deadline()
+        while True:
+            reply = self._ask(BatchRequest(trainer_version=self.trainer_version,
+                                           after_batch_id=self.after_batch_id), deadline)
             if isinstance(reply, CuratedBatch):
                 return reply
             if not isinstance(reply, NoBatch):

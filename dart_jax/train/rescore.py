@@ -18,6 +18,8 @@ import numpy as np
 
 from dart_jax.train.batch import Collator
 from dart_jax.train.config import TrainerConfig
+from dart_jax.train.pipeline import build_rows, every_step, step_refs
+from dart_jax.train.screens import InlineScreens, ScreenCache
 from dart_jax.train.step import token_scores
 from dart_jax.wire.messages import Trajectory
 
@@ -36,17 +38,17 @@ def rescore(model, trajectories: Sequence[Trajectory], collator: Collator, cfg: 
     """Every trainable step of `trajectories` that fits a bucket, scored by `model = (graphdef, params)`."""
     graphdef, params = model
     score = jax.jit(lambda p, mb: token_scores(graphdef, p, mb, cfg)[0])
-    refs = [(t, i) for t in trajectories for i in range(len(t.steps))]
-    refs = [r for r in refs if collator.trainable(*r) and collator.buckets.fits(collator.shape(*r))]
+    screens = InlineScreens(trajectories)
+    refs = [r for r in step_refs(trajectories, screens, collator, every_step) if collator.buckets.fits(r)]
+    cache = ScreenCache(screens, collator.image_cfg, cfg.screen_cache_bytes)
     out: list[StepScore] = []
     rows = collator.buckets.rows
     for start in range(0, len(refs), rows):
         chunk = refs[start:start + rows]
-        examples = [collator.examples(t, [i])[0] for t, i in chunk]
-        mb = collator.collate(examples)
-        logp_BxT = np.asarray(score(params, mb))
-        for k, (t, i) in enumerate(chunk):
-            on = mb.loss_mask_BxT[k] > 0
-            out.append(StepScore(t.traj_id, i, t.steps[i].policy_version, len(t.steps[i].image_refs),
-                                 mb.rollout_logp_BxT[k][on], logp_BxT[k][on]))
+        mb = collator.collate(build_rows(collator, trajectories, screens, cache, chunk))
+        logp_NxT = np.asarray(score(params, mb))
+        for k, r in enumerate(chunk):  # row k holds one step, in its first slot
+            on, step = mb.loss_mask_BxPxT[k, 0] > 0, trajectories[r.traj].steps[r.step]
+            out.append(StepScore(trajectories[r.traj].traj_id, r.step, step.policy_version, len(step.image_refs),
+                                 mb.rollout_logp_BxPxT[k, 0][on], logp_NxT[k * collator.buckets.pack][on]))
     return out

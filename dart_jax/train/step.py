@@ -10,6 +10,11 @@ One optimizer update on a batch of M micro-batches (each padded to its own bucke
 
 Losses are evaluated with UNIT denominators, so `acc` holds gradient *sums* and token/row
 counts; `apply` divides once: exact global means under any split into micro-batches (losses.py).
+
+The model reads a micro-batch's B rows; everything after it is per step, over the N = B x P step
+slots (batch.py: a packed row holds up to P steps). `token_scores` returns each row's log-probs
+once per slot of the row ([N, T]), and each slot's loss mask picks its own positions, so the
+losses' rows are steps whether or not rows are packed.
 `Steps` compiles each function once per (bucket, shardings) with explicit in/out shardings and
 donated buffers (the state into `apply`, the accumulator into `accumulate`), and counts the
 compilations. Parameters stay fp32 (master weights); the model's compute dtype is set when it
@@ -51,16 +56,16 @@ class TrainState:
 @dataclasses.dataclass(frozen=True)
 class Scores:
     """A micro-batch's no-grad pass: each field None when the config does not need it."""
-    logp_old_BxT: jax.Array | None  # policy before the update (several updates, selection)
-    entropy_B: jax.Array | None  # mean response-token entropy of each row (selection)
-    logp_ref_BxT: jax.Array | None  # frozen reference (kl_coef > 0)
+    logp_old_NxT: jax.Array | None  # policy before the update (several updates, selection)
+    entropy_N: jax.Array | None  # mean response-token entropy of each step (selection)
+    logp_ref_NxT: jax.Array | None  # frozen reference (kl_coef > 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class RowTargets:
-    """Per-row values decided over the whole batch, plus the micro-batch's scores."""
-    adv_B: jax.Array  # GRPO advantage
-    weight_B: jax.Array  # 0 drops the row (padding, not selected); else its loss weight
+    """Per-step values decided over the whole batch, plus the micro-batch's scores."""
+    adv_N: jax.Array  # GRPO advantage
+    weight_N: jax.Array  # 0 drops the step (padding, not selected); else its loss weight
     scores: Scores
 
 
@@ -79,14 +84,29 @@ for _cls in (TrainState, Scores, RowTargets, Accumulator):
 # ---- pure functions -------------------------------------------------------------------
 
 def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entropy_grad=False):
-    """(logp_BxT, entropy_BxT) of mb.targets_BxT at the rollout's temperatures."""
+    """(logp_NxT, entropy_NxT) of mb.targets_BxT at the rollout's temperatures, per step slot."""
     h_BxTxD = qwen25vl.hidden_states((graphdef, params), mb.inputs)
     w_DxV = qwen25vl.lm_head_kernel((graphdef, params)).astype(h_BxTxD.dtype)
-    # padding rows carry temperature 0; greedy (0) sampling has no logprobs to match anyway
-    tau_B = jnp.where(mb.temperature_B > 0, mb.temperature_B, 1.0)
+    # empty slots carry temperature 0; greedy (0) sampling has no logprobs to match anyway
+    tau_BxP = jnp.where(mb.temperature_BxP > 0, mb.temperature_BxP, 1.0)
+    slot_BxT = jnp.maximum(mb.inputs.attention_mask - 1, 0)  # the step slot of each token
+    tau_BxT = jnp.take_along_axis(tau_BxP, slot_BxT, axis=1)
     ct, cv = cfg.kernel.chunks(jax.default_backend(), mb.targets_BxT.size, w_DxV.shape[1])
-    return token_logprobs_entropy_BxT(h_BxTxD, w_DxV, mb.targets_BxT, tau_B[:, None],
-                                      chunk_tokens=ct, chunk_vocab=cv, entropy_grad=entropy_grad)
+    logp, ent = token_logprobs_entropy_BxT(h_BxTxD, w_DxV, mb.targets_BxT, tau_BxT,
+                                           chunk_tokens=ct, chunk_vocab=cv, entropy_grad=entropy_grad)
+    pack = mb.step_weight_BxP.shape[1]
+    return per_slot(logp, pack), per_slot(ent, pack)
+
+
+def per_slot(x_BxT: jax.Array, pack: int) -> jax.Array:
+    """[B * P, T]: row b's values once for each of its step slots (b, j)."""
+    b, t = x_BxT.shape
+    return jnp.broadcast_to(x_BxT[:, None], (b, pack, t)).reshape(b * pack, t)
+
+
+def _steps(x_BxPx):
+    """A [B, P, ...] array of a TrainBatch as [N, ...] (N = B * P step slots)."""
+    return x_BxPx.reshape(-1, *x_BxPx.shape[2:])
 
 
 def needs_old_logp(cfg: TrainerConfig) -> bool:
@@ -98,7 +118,7 @@ def score(graphdef, cfg: TrainerConfig, params, ref_params, mb: TrainBatch) -> S
     logp_old = entropy = logp_ref = None
     if needs_old_logp(cfg):
         logp_old, ent = token_scores(graphdef, params, mb, cfg)
-        entropy = step_mean_entropy(ent, mb.loss_mask_BxT)
+        entropy = step_mean_entropy(ent, _steps(mb.loss_mask_BxPxT))
     if cfg.loss.kl_coef > 0:
         logp_ref, _ = token_scores(graphdef, ref_params, mb, cfg)
     return Scores(logp_old, entropy, logp_ref)
@@ -107,15 +127,16 @@ def score(graphdef, cfg: TrainerConfig, params, ref_params, mb: TrainBatch) -> S
 def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
     """UNIT-denominator RL objective of one micro-batch: (loss sum, (metric sums, counts))."""
     logp, ent = token_scores(graphdef, params, mb, cfg, entropy_grad=cfg.loss.entropy_coef > 0)
-    mask = mb.loss_mask_BxT * (rows.weight_B > 0)[:, None]
-    old = rows.scores.logp_old_BxT
+    mask = _steps(mb.loss_mask_BxPxT) * (rows.weight_N > 0)[:, None]
+    old = rows.scores.logp_old_NxT
     old = jax.lax.stop_gradient(logp) if old is None else old
-    sampled = mask * ~mb.is_demo_B[:, None]  # demonstrations have no sampler logprobs
-    w_tis = tis_weights(old, mb.rollout_logp_BxT, sampled, cap=cfg.tis.cap, level=cfg.tis.level)
+    rollout = _steps(mb.rollout_logp_BxPxT)
+    sampled = mask * ~_steps(mb.is_demo_BxP)[:, None]  # demonstrations have no sampler logprobs
+    w_tis = tis_weights(old, rollout, sampled, cap=cfg.tis.cap, level=cfg.tis.level)
     tis = jnp.where(sampled > 0, w_tis, 1.0) if cfg.tis.enabled else jnp.ones_like(mask)
-    terms = RLTerms(old, rows.adv_B, mask, rows.weight_B, tis, rows.scores.logp_ref_BxT)
+    terms = RLTerms(old, rows.adv_N, mask, rows.weight_N, tis, rows.scores.logp_ref_NxT)
     loss, metrics = losses.rl_objective(logp, ent, terms, cfg.loss, UNIT)
-    mismatch = mismatch_sums(old, mb.rollout_logp_BxT, sampled, w_tis, cfg.tis.cap)
+    mismatch = mismatch_sums(old, rollout, sampled, w_tis, cfg.tis.cap)
     tis_sums = {f"tis_sum/{k}": v for k, v in mismatch.items()}
     return loss, (metrics, tis_sums, losses.denominators(mask))
 
@@ -123,7 +144,7 @@ def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTarge
 def sft_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
     """UNIT-denominator cross-entropy on the demonstration tokens of one micro-batch."""
     logp, _ = token_scores(graphdef, params, mb, cfg)
-    mask = mb.loss_mask_BxT * (rows.weight_B > 0)[:, None]
+    mask = _steps(mb.loss_mask_BxPxT) * (rows.weight_N > 0)[:, None]
     loss, metrics = losses.sft_objective(logp, mask, cfg.loss.aggregation, UNIT)
     return loss, (metrics, {}, losses.denominators(mask))
 

@@ -26,6 +26,7 @@ from dart_jax.train.checkpoint import CheckpointMeta, Checkpointer, abstract_sta
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.pipeline import RLBatch, to_global
 from dart_jax.train.plan import plan_steps
+from dart_jax.train.screens import ScreenCache
 from dart_jax.train.step import (ROWS, Accumulator, RowTargets, Scores, Steps, TrainState,
                                  needs_old_logp)
 
@@ -58,28 +59,34 @@ class Trainer:
         return self._apply(self.gradients(*self.prepare_sft(batches)))
 
     def prepare_sft(self, batches: list[TrainBatch]):
-        """Global micro-batches; every real row counts (its advantage is unused)."""
+        """Global micro-batches; every real step counts (its advantage is unused)."""
         micro = [to_global(mb, self.mesh) for mb in batches]
-        return micro, [RowTargets(mb.step_weight_B, mb.step_weight_B, Scores(None, None, None))
-                       for mb in micro]
+        sharding = NamedSharding(self.mesh, PartitionSpec(ROWS))
+        weights = [jax.make_array_from_process_local_data(sharding, mb.step_weight_BxP.reshape(-1))
+                   for mb in batches]
+        return micro, [RowTargets(w, w, Scores(None, None, None)) for w in weights]
 
     def prepare_rl(self, rl: RLBatch, collator: Collator):
         """Global micro-batches, and each one's row targets from the no-grad pass and the
         whole-batch plan (advantages, entropy selection)."""
-        micro = [to_global(mb, self.mesh) for mb in rl.microbatches(collator)]
+        cache = ScreenCache(rl.screens, collator.image_cfg, self.cfg.screen_cache_bytes)
+        micro = [to_global(mb, self.mesh) for mb in rl.microbatches(collator, cache)]
         params, none = self.state.params, Scores(None, None, None)
         need_scores = needs_old_logp(self.cfg) or self.ref_params is not None
         scores = [self.steps.score(params, self.ref_params, mb) if need_scores else none
                   for mb in micro]
         entropy = None
         if self.cfg.selection.enabled:
-            entropy = np.concatenate([_host(s.entropy_B) for s in scores])[:len(rl.reward_N)]
+            entropy = np.zeros(len(rl.reward_N), np.float32)
+            for m, s in enumerate(scores):
+                step = rl.slot_steps(m)
+                entropy[step[step >= 0]] = _host(s.entropy_N)[step >= 0]
         plan = plan_steps(self.cfg, rl.reward_N, rl.group_N, rl.traj_N, entropy)
-        rows = [self._row_targets(plan.adv_N, plan.weight_N, m, mb, s)
-                for m, (mb, s) in enumerate(zip(micro, scores))]
+        rows = [self._row_targets(plan.adv_N, plan.weight_N, rl.slot_steps(m), s) for m, s in enumerate(scores)]
         metrics = {k: np.float32(v) for k, v in plan.metrics.items()}
         metrics |= {"batch/steps": np.int32(len(rl.reward_N)), "batch/micro": np.int32(len(micro)),
-                    "batch/dropped": np.int32(rl.dropped)}
+                    "batch/dropped": np.int32(rl.dropped), "batch/screens_decoded": np.int32(cache.decodes),
+                    "batch/screens_fetched_mb": np.float32(cache.fetched_bytes / 2**20)}
         return micro, rows, metrics
 
     def gradients(self, micro: list[TrainBatch], rows: list[RowTargets]) -> Accumulator:
@@ -95,14 +102,17 @@ class Trainer:
         self.step += 1
         return metrics | {f"compiles/{k}": np.int32(v) for k, v in self.steps.compiles.items()}
 
-    def _row_targets(self, adv_N, weight_N, m: int, mb: TrainBatch, scores: Scores) -> RowTargets:
-        """Plan entries of micro-batch m's global rows (row g is entry m * R + g)."""
-        R = mb.targets_BxT.shape[0]
-        sl = lambda x: np.pad(x[m * R:(m + 1) * R], (0, max(0, (m + 1) * R - len(x))))  # noqa: E731
+    def _row_targets(self, adv_N, weight_N, slot_steps: np.ndarray, scores: Scores) -> RowTargets:
+        """The plan's values of a micro-batch's global step slots (`slot_steps`: each slot's
+        step in plan order, -1 for an empty one)."""
         sharding = NamedSharding(self.mesh, PartitionSpec(ROWS))
-        put = lambda x: jax.make_array_from_callback((R,), sharding, lambda i: x[i])  # noqa: E731
-        return RowTargets(put(sl(adv_N).astype(np.float32)), put(sl(weight_N).astype(np.float32)),
-                          scores)
+        on = slot_steps >= 0
+
+        def put(x_N):
+            x = np.where(on, x_N[np.maximum(slot_steps, 0)], 0.0).astype(np.float32)
+            return jax.make_array_from_callback(x.shape, sharding, lambda i: x[i])
+
+        return RowTargets(put(adv_N), put(weight_N), scores)
 
     # -- checkpoints
     def save(self, ckpt: Checkpointer, data_state: dict) -> bool:

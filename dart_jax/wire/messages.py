@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Union
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: curated batches name their screenshots by content (ScreenshotRef)
 
 ErrorCode = Literal["bad_request", "unknown_message", "too_large", "version", "timeout",
                     "internal", "not_found", "unavailable", "conflict"]
@@ -35,6 +35,9 @@ Version = Annotated[int, msgspec.Meta(ge=-1, le=2**63 - 1)]  # -1: no policy yet
 Natural = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 StepIndex = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 Text = Annotated[str, msgspec.Meta(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*\Z")]  # one line
+Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]  # hex digest, lowercase
+Pixels = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]  # a PNG side (IHDR bounds it so)
+MAX_SCREENSHOTS_PER_REQUEST = 256
 
 
 class Msg(msgspec.Struct, tag=True, tag_field="type", kw_only=True, forbid_unknown_fields=True):
@@ -165,12 +168,37 @@ class BatchRequest(Msg):
     after_batch_id: Natural
 
 
+class ScreenshotRef(Msg):
+    """A stored screenshot named by content, with its size as the image processor sees it
+    (EXIF orientation applied): enough to plan shapes and buckets without its pixels."""
+    sha256: Sha256
+    height: Pixels
+    width: Pixels
+
+
 class CuratedBatch(Msg):
-    """GRPO groups (trajectories grouped by task_id); `injected` came from the pool."""
+    """GRPO groups (trajectories grouped by task_id); `injected` came from the pool.
+
+    Screenshots travel by reference: each trajectory's `screenshots` is empty and `screens[i]`
+    lists trajectory i's screenshots in their order (what Step.image_refs index); their PNG
+    bytes come from ScreenshotRequest. A batch of 64 trajectories x 30 steps of 1920x1080
+    screenshots would carry gigabytes of PNG inline."""
     batch_id: int
     trainer_version: int
     trajectories: list[Trajectory]
+    screens: list[list[ScreenshotRef]]
     injected: list[Id] = []
+
+
+class ScreenshotRequest(Msg):
+    """The PNG bytes of stored screenshots, by sha256; an unknown one is a `not_found` error."""
+    sha256: Annotated[list[Sha256], msgspec.Meta(min_length=1, max_length=MAX_SCREENSHOTS_PER_REQUEST)]
+
+
+class Screenshots(Msg):
+    """The PNGs of the first len(png) hashes asked for, in order: as many as the data
+    manager's reply budget holds (at least one). Ask again for the rest."""
+    png: list[bytes]
 
 
 class NoBatch(Msg):
@@ -406,7 +434,7 @@ class EnvStats(Msg):
 Message = Union[Error, Ping, Pong, TaskSpec, Step, Trajectory, TaskRequest, TaskAssignment,
                 WorkerHeartbeat, WorkerAck, TensorInfo, WeightBucketInfo, WeightAnnounce,
                 WeightLatest, WeightPull, WeightBucket, NoTask, SubmitTrajectory, TrajectoryAck,
-                BatchRequest, CuratedBatch, NoBatch,
+                BatchRequest, CuratedBatch, NoBatch, ScreenshotRef, ScreenshotRequest, Screenshots,
                 TaskStats, StatsRequest, DataStats, PoolImport, PoolImported, ExportTrajectories,
                 Exported,
                 EnvAcquire, EnvLease, EnvHeartbeat, EnvHeartbeatAck, EnvReset, EnvStep, EnvReply,

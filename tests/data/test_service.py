@@ -5,8 +5,8 @@ import pytest
 from dart_jax.data.testing import make_trajectory, task_specs
 from dart_jax.wire import RemoteError
 from dart_jax.wire.messages import (BatchRequest, CuratedBatch, DataStats, ExportTrajectories, Exported,
-                                    NoBatch, PoolImport, PoolImported, StatsRequest, SubmitTrajectory,
-                                    TaskAssignment, TaskRequest, TrajectoryAck)
+                                    NoBatch, PoolImport, PoolImported, ScreenshotRequest, StatsRequest,
+                                    SubmitTrajectory, TaskAssignment, TaskRequest, TrajectoryAck)
 
 
 @pytest.fixture
@@ -64,4 +64,32 @@ def test_bad_input_gets_a_clear_error_and_the_service_keeps_serving(manager):
         manager.request(TaskAssignment(task=task_specs(1)[0], num_rollouts=1, max_steps=1))
     with pytest.raises(RemoteError, match="bad_request: .*missing.jsonl: no such file"):
         manager.request(PoolImport(path="missing.jsonl"))
+    not_png = make_trajectory("p", "t0", steps=2)
+    not_png.screenshots[1] = b"GIF89a" + bytes(100)
+    with pytest.raises(RemoteError, match="bad_request: trajectory p screenshot 1: not a PNG"):
+        submit(manager, not_png)
     assert not submit(manager, make_trajectory("z", "t0")).duplicate
+
+
+def test_screenshots_are_served_by_hash_in_bounded_replies(serve_manager, tmp_path):
+    # 32 KiB messages: replies carry at most 16 KiB of PNG, here two 8 KiB screenshots
+    client = serve_manager(tmp_path, wire={"endpoint": f"ipc://{tmp_path}/dm.sock", "max_message_bytes": 32768})
+    for i in range(8):
+        submit(client, make_trajectory(f"t0-{i}", "t0", success=i == 0, screenshot_bytes=8192))
+        submit(client, make_trajectory(f"t1-{i}", "t1", success=i == 0, screenshot_bytes=8192))
+    batch = client.request(BatchRequest(trainer_version=0, after_batch_id=0))
+    assert all(t.screenshots == [] for t in batch.trajectories)
+    refs = [r for screens in batch.screens for r in screens]
+    assert len(refs) == 8 * 3 and {(r.height, r.width) for r in refs} == {(1, 1)}
+    want = {t.traj_id: make_trajectory(t.traj_id, t.task_id, success=t.traj_id.endswith("-0"),
+                                       screenshot_bytes=8192).screenshots for t in batch.trajectories}
+    shas = [r.sha256 for r in batch.screens[0]]
+    assert client.request(ScreenshotRequest(sha256=shas)).png == want[batch.trajectories[0].traj_id][:2]
+    assert client.request(ScreenshotRequest(sha256=shas[2:])).png == want[batch.trajectories[0].traj_id][2:]
+
+    unknown = "0" * 64
+    with pytest.raises(RemoteError, match=f"not_found: .*{unknown}"):
+        client.request(ScreenshotRequest(sha256=[shas[0], unknown]))
+    for bad in ([shas[0].upper()], [shas[0][:63]], [shas[0] + "\n"], [], [shas[0]] * 257):
+        with pytest.raises(RemoteError, match=r"bad_request: .*\$\.sha256"):
+            client.request(ScreenshotRequest(sha256=bad))

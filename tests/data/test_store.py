@@ -1,16 +1,19 @@
 """Schema, migrations, round trips, idempotent group-commit ingestion and integrity."""
 
+import io
 import sqlite3
 
 import msgspec
 import numpy as np
 import pytest
+from PIL import Image
 
 from dart_jax.data import integrity, schema
+from dart_jax.wire.png import address
 from dart_jax.data.ingest import IngestWriter, validate
 from dart_jax.data.store import ConflictError, Store
 from dart_jax.data.testing import make_trajectory, put, task_specs
-from dart_jax.wire.messages import TaskSpec
+from dart_jax.wire.messages import ScreenshotRef, TaskSpec
 
 
 def test_fresh_store_is_migrated_and_in_wal_mode(store, tmp_path):
@@ -94,20 +97,20 @@ def test_integrity_check_finds_missing_and_corrupt_blobs(store):
     data[0] ^= 1
     store.blobs.path(pack).write_bytes(data[:150])
     assert integrity.check(store) == [f"blob {second[0]}: missing (pack 1 ends before 200)"]
-    assert integrity.check(store, deep=True) == [f"blob {first[0]}: corrupt",
-                                                 f"blob {second[0]}: missing (pack 1 ends before 200)"]
+    assert sorted(integrity.check(store, deep=True)) == sorted([  # listed in hash order
+        f"blob {first[0]}: corrupt", f"blob {second[0]}: missing (pack 1 ends before 200)"])
 
 
 def test_a_reopened_store_appends_to_a_new_pack_and_counts_orphans(store, tmp_path):
-    store.put_screenshots(make_trajectory("lost", "t0", steps=1, screenshot_bytes=64))  # never committed
-    put(store, make_trajectory("a", "t0", steps=1, screenshot_bytes=64))
+    store.put_screenshots(make_trajectory("lost", "t0", steps=1, screenshot_bytes=128))  # never committed
+    put(store, make_trajectory("a", "t0", steps=1, screenshot_bytes=128))
     store.close()
     again = Store(tmp_path / "data" / "store.sqlite", tmp_path / "data" / "blobs")
-    put(again, make_trajectory("b", "t0", steps=1, screenshot_bytes=64))
+    put(again, make_trajectory("b", "t0", steps=1, screenshot_bytes=128))
     assert again.blobs.packs() == [1, 2]
-    assert integrity.orphan_bytes(again) == 64 and integrity.check(again, deep=True) == []
+    assert integrity.orphan_bytes(again) == 128 and integrity.check(again, deep=True) == []
     assert again.load_trajectories(["a", "b"])[1].screenshots == make_trajectory(
-        "b", "t0", steps=1, screenshot_bytes=64).screenshots
+        "b", "t0", steps=1, screenshot_bytes=128).screenshots
     again.close()
 
 
@@ -145,3 +148,16 @@ def test_a_schema_1_store_migrates_and_keeps_its_trajectories(tmp_path):
     old = store.load_trajectories(["old"])[0]
     assert (old.worker_id, old.temperature, old.reward, old.steps) == ("w9", 0.7, 1.0, [])
     store.close()
+
+
+def test_screenshots_are_named_by_hash_and_size_and_old_rows_are_sized_from_their_header(store):
+    buf = io.BytesIO()
+    Image.new("RGB", (37, 21), (9, 8, 7)).save(buf, "PNG")
+    traj = msgspec.structs.replace(make_trajectory("a", "t0", steps=1), screenshots=[buf.getvalue()])
+    put(store, traj)
+    want = [[ScreenshotRef(sha256=address(buf.getvalue()), height=21, width=37)]]
+    assert store.screenshot_refs(["a"]) == want
+    assert store.load_trajectories(["a"], screenshots=False)[0].screenshots == []
+    with store.write() as w:  # a blob row from before schema 3 recorded sizes
+        w.execute("UPDATE blobs SET height = NULL, width = NULL")
+    assert store.screenshot_refs(["a"]) == want

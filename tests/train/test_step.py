@@ -7,10 +7,8 @@ import pytest
 from dart_jax.models.sharding import make_mesh
 from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig,
                                    TrainerConfig)
-from dart_jax.train.pipeline import plan_batch
 from dart_jax.train.trainer import Trainer
-from dart_jax.wire.messages import CuratedBatch
-from tests.train.trajectories import collator, trajectory
+from tests.train.trajectories import collator, examples, plan_inline, trajectory
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +16,6 @@ def group_trajs(builder):
     """Two tasks x two trajectories x two steps; one success per task."""
     return [trajectory(builder, f"{task}-{i}", task, steps=2, reward=float(i == 0))
             for task in ("t0", "t1") for i in range(2)]
-
-
-def _rl_batch(trajs, col):
-    return plan_batch(CuratedBatch(batch_id=1, trainer_version=0, trajectories=trajs), col,
-                      shard=(0, 1))
 
 
 def _mean_grads(acc, mode):
@@ -39,7 +32,7 @@ def test_sharded_step_on_8_devices_matches_one_device(tiny_dir, group_trajs):
     # every RL term is on: selection, TIS, k3 KL (reference pass), GSPO-free dual clip
     cfg = TrainerConfig(mode="rl", loss=LossConfig(kl_coef=0.1, policy=DualClipLoss()))
     col = collator(tiny_dir, 4)
-    rl = _rl_batch(group_trajs, col)
+    rl = plan_inline(group_trajs, col)
     results = []
     for mesh in (make_mesh(1, 1, 1), make_mesh(data=2, fsdp=2, tp=2)):
         tr = Trainer(cfg, tiny_dir, mesh)
@@ -62,9 +55,9 @@ def test_accumulated_micro_batches_equal_one_batch(tiny_dir, group_trajs, mode):
     gradient and loss of one batch of the 3 rows (a mean of means would not)."""
     tr = Trainer(TrainerConfig(mode="sft", loss=LossConfig(aggregation=mode)), tiny_dir,
                  make_mesh(1, 1, 1))
-    examples = [e for t in group_trajs[:2] for e in collator(tiny_dir, 4).examples(t)][:3]
-    whole = [collator(tiny_dir, 4).collate(examples)]
-    halves = [collator(tiny_dir, 2).collate(examples[:2]), collator(tiny_dir, 2).collate(examples[2:])]
+    rows = [e for t in group_trajs[:2] for e in examples(collator(tiny_dir, 4), t)][:3]
+    whole = [collator(tiny_dir, 4).collate(rows)]
+    halves = [collator(tiny_dir, 2).collate(rows[:2]), collator(tiny_dir, 2).collate(rows[2:])]
     accs = [tr.gradients(*tr.prepare_sft(batches)) for batches in (whole, halves)]
     _assert_close(_mean_grads(accs[0], mode), _mean_grads(accs[1], mode))
     loss = [float(a.sums["loss/total"]) / float(a.counts.of(mode)) for a in accs]
@@ -79,7 +72,7 @@ def _rl_cfg(**kw):
 
 def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, group_trajs):
     col = collator(tiny_dir, 4)
-    rl = _rl_batch(group_trajs, col)
+    rl = plan_inline(group_trajs, col)
     once = Trainer(_rl_cfg(), tiny_dir, make_mesh(1, 1, 1))
     for _ in range(2):  # a fresh batch each time: old = current policy, ratio exactly 1
         m = jax.device_get(once.update_rl(rl, col))
@@ -92,7 +85,7 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
 
 def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs):
     col = collator(tiny_dir, 4)
-    rl = _rl_batch(group_trajs, col)
+    rl = plan_inline(group_trajs, col)
     tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5)), tiny_dir,
                  make_mesh(1, 1, 1))
     m = jax.device_get(tr.update_rl(rl, col))
@@ -101,6 +94,42 @@ def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs)
     kept, threshold, dropped = (float(m[f"select/{k}"]) for k in ("entropy_kept", "threshold",
                                                                       "entropy_dropped"))
     assert kept >= threshold >= dropped
+
+
+def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, group_trajs):
+    """Two steps a row (each its own sequence in the decoder, its screenshots frames of the row,
+    its positions from 0) against one step a row, same buckets: every step's log-probs, the
+    loss, TIS and entropy sums, the counts, entropy selection and the gradient agree."""
+    cfg = _rl_cfg(updates_per_batch=2, selection=SelectionConfig(enabled=True, fraction=0.5))
+    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))  # updates_per_batch=2: old log-probs scored
+    results = []
+    for pack in (1, 2):
+        col = collator(tiny_dir, 2, seq_lens=(2048,), num_slots=(3072,), pack=pack)
+        rl = plan_inline(group_trajs[:2], col)  # one task: a success and a failure, two steps each
+        steps = [r for rows in rl.plan for row in rows for r in row]
+        micro, rows, metrics = tr.prepare_rl(rl, col)
+        logp = {}
+        for m, (mb, targets) in enumerate(zip(micro, rows)):
+            mask_NxT = np.asarray(mb.loss_mask_BxPxT).reshape(-1, 2048)
+            old_NxT = np.asarray(targets.scores.logp_old_NxT)
+            for slot, k in enumerate(rl.slot_steps(m)):
+                if k >= 0:
+                    logp[steps[k].traj, steps[k].step] = old_NxT[slot][mask_NxT[slot] > 0]
+        results.append((rl, logp, jax.device_get(tr.gradients(micro, rows)), jax.device_get(metrics)))
+    (single, logp1, acc1, m1), (packed, logp2, acc2, m2) = results
+    assert [len(row) for rows in single.plan for row in rows] == [1, 1, 1, 1]
+    assert [len(row) for rows in packed.plan for row in rows] == [2, 2]  # one microbatch
+    assert sorted(logp1) == sorted(logp2) and len(logp1) == 4
+    for key in logp1:
+        np.testing.assert_allclose(logp2[key], logp1[key], atol=1e-5, err_msg=str(key))
+    assert sorted(acc1.sums) == sorted(acc2.sums)
+    for key in acc1.sums:
+        np.testing.assert_allclose(acc2.sums[key], acc1.sums[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    assert (acc1.counts.tokens, acc1.counts.seqs) == (acc2.counts.tokens, acc2.counts.seqs)
+    assert float(acc1.counts.seqs) == 2  # entropy selection kept the top half of 4 steps
+    for key in ("select/threshold", "select/entropy_kept", "select/entropy_dropped"):
+        np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5, err_msg=key)
+    _assert_close(acc1.grads, acc2.grads)
 
 
 @pytest.mark.parametrize("schedule,want", [
@@ -116,7 +145,7 @@ def test_schedules(schedule, want):
 
 def test_bf16_compute_keeps_fp32_master_weights(tiny_dir, group_trajs):
     tr = Trainer(TrainerConfig(mode="sft", compute_dtype="bfloat16"), tiny_dir, make_mesh(1, 1, 1))
-    batch = collator(tiny_dir, 4).collate(collator(tiny_dir, 4).examples(group_trajs[0])[:2])
+    batch = collator(tiny_dir, 4).collate(examples(collator(tiny_dir, 4), group_trajs[0])[:2])
     m = jax.device_get(tr.update_sft([batch]))
     assert np.isfinite(m["loss/total"]) and m["optim/grad_norm"] > 0
     assert {x.dtype for x in jax.tree.leaves(tr.state.params)} == {np.dtype("float32")}
@@ -140,10 +169,11 @@ def _abstract_step(layers: int, remat: str, rows=2, seq_len=2048):
     steps = Steps(graphdef, params, TrainerConfig(mode="sft", remat=remat), make_mesh(1, 1, 1))
     sds = jax.ShapeDtypeStruct
     i32, f32 = np.int32, np.float32
-    BxT, B = (rows, seq_len), (rows,)
+    BxT, BxP, B = (rows, seq_len), (rows, 1), (rows,)
     inputs = ModelInputs(sds(BxT, i32), sds(BxT, i32), sds((3,) + BxT, i32))
-    mb = TrainBatch(inputs, sds(BxT, i32), sds(BxT, f32), sds(BxT, f32), sds(B, f32), sds(B, i32),
-                    sds(B, i32), sds(B, f32), sds(B, f32), sds(B, i32), sds(B, np.bool_))
+    mb = TrainBatch(inputs, sds(BxT, i32), sds((rows, 1, seq_len), f32), sds((rows, 1, seq_len), f32),
+                    sds(BxP, f32), sds(BxP, i32), sds(BxP, i32), sds(BxP, f32), sds(BxP, f32), sds(BxP, i32),
+                    sds(BxP, np.bool_))
     row_targets = RowTargets(sds(B, f32), sds(B, f32), Scores(None, None, None))
     params = jax.tree.map(lambda x: sds(x.shape, x.dtype), params)
     acc = steps.accumulator_shapes(params, mb, row_targets)

@@ -18,6 +18,7 @@ from dart_jax.models.sharding import make_mesh
 from dart_jax.train.batch import BucketSpec, Collator
 from dart_jax.train.config import BucketConfig, LossConfig, OptimizerConfig, TrainerConfig
 from dart_jax.train.pipeline import plan_batch
+from dart_jax.train.screens import InlineScreens
 from dart_jax.train.trainer import Trainer
 from dart_jax.wire.messages import CuratedBatch, Step, Trajectory
 
@@ -40,7 +41,7 @@ def _text_trajectory(rng, traj_id: str, task_id: str, reward: float) -> Trajecto
 def _curated(rng, batch_id: int) -> CuratedBatch:
     trajs = [_text_trajectory(rng, f"{batch_id}-{t}-{i}", f"task{t}", float(i % 2))
              for t in range(2) for i in range(3)]
-    return CuratedBatch(batch_id=batch_id, trainer_version=0, trajectories=trajs)
+    return CuratedBatch(batch_id=batch_id, trainer_version=0, trajectories=trajs, screens=[[] for _ in trajs])
 
 
 def test_fifty_rl_steps_compile_once_per_bucket(tiny_dir):
@@ -55,7 +56,8 @@ def test_fifty_rl_steps_compile_once_per_bucket(tiny_dir):
     rng = np.random.default_rng(0)
     seen, compiles_after_warmup, losses = set(), None, []
     for step in range(50):
-        rl = plan_batch(_curated(rng, step + 1), col, shard=(0, 1))
+        batch = _curated(rng, step + 1)
+        rl = plan_batch(batch, col, InlineScreens(batch.trajectories), shard=(0, 1))
         seen |= {b.seq_len for b in rl.buckets}
         if step == 11:
             assert seen == set(SEQ_LENS)  # every bucket (and plan size) has occurred by now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import zlib
 
@@ -10,8 +11,11 @@ import numpy as np
 from PIL import Image
 
 from dart_jax.agent.prompt import PromptBuilder
-from dart_jax.train.batch import BucketSpec, Collator
-from dart_jax.wire.messages import Step, Trajectory
+from dart_jax.train.batch import BucketSpec, Collator, StepExample
+from dart_jax.train.packing import StepRef
+from dart_jax.train.pipeline import RLBatch, build_rows, plan_batch
+from dart_jax.train.screens import InlineScreens, ScreenCache
+from dart_jax.wire.messages import CuratedBatch, Step, Trajectory
 from envs.synthetic import TASKS, SyntheticEnv
 from envs.types import Task
 
@@ -21,6 +25,22 @@ SPEC = dict(seq_lens=(768, 1024), num_slots=(768, 1536))  # holds every step the
 
 def collator(model_dir, rows: int, **spec) -> Collator:
     return Collator.from_pretrained(model_dir, BucketSpec(rows=rows, **{**SPEC, **spec}))
+
+
+def examples(col: Collator, traj: Trajectory, steps=None) -> list[StepExample]:
+    """Rows of `traj`'s steps (all by default), its screenshots taken from its own bytes."""
+    screens = InlineScreens([traj])
+    refs = [StepRef(0, i, *dataclasses.astuple(col.shape(traj, i, screens.refs(0))))
+            for i in (range(len(traj.steps)) if steps is None else steps)]
+    return build_rows(col, [traj], screens, ScreenCache(screens, col.image_cfg, 2**30), refs)
+
+
+def plan_inline(trajs: list[Trajectory], col: Collator, batch_id: int = 1, **kw) -> RLBatch:
+    """`trajs` planned as a curated batch, their screenshots taken from their own bytes."""
+    screens = InlineScreens(trajs)
+    batch = CuratedBatch(batch_id=batch_id, trainer_version=0, trajectories=trajs,
+                         screens=[list(screens.refs(i)) for i in range(len(trajs))])
+    return plan_batch(batch, col, screens, shard=(0, 1), **kw)
 
 
 def assert_trees_equal(a, b) -> None:
