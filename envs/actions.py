@@ -33,7 +33,7 @@ import dataclasses
 import math
 import re
 
-from dart_jax.models.image_processing import smart_resize  # Qwen2-VL's rule (numpy/PIL only)
+from dart_jax.agent.image_processing import smart_resize  # Qwen2-VL's rule (numpy/PIL only)
 from envs.types import POINT_KINDS, Action, Point
 
 MAX_TEXT_CHARS = 32_768

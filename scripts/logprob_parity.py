@@ -212,7 +212,7 @@ def main() -> None:
     from transformers import AutoImageProcessor, Qwen2_5_VLForConditionalGeneration
 
     from dart_jax.agent.prompt import PromptBuilder
-    from dart_jax.models.image_processing import ProcessedImages, preprocess_images
+    from dart_jax.agent.image_processing import ProcessedImages, preprocess_images
     from dart_jax.models.tiny import make_tiny_hf_dir
 
     work = Path(args.work or tempfile.mkdtemp(prefix="logprob_parity_"))

@@ -31,7 +31,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from dart_jax.models.image_processing import ImageLike, ImageProcessorConfig
+from dart_jax.agent.image_processing import ImageLike, ImageProcessorConfig
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 

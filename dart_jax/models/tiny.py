@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dart_jax.models.image_processing import ImageProcessorConfig
+from dart_jax.agent.image_processing import ImageProcessorConfig
 
 # Qwen2.5-VL's special tokens, in Qwen's id order (151643 ... 151656 in the real vocabulary).
 SPECIAL_TOKENS = (

@@ -91,7 +91,7 @@ def check_hf_dir(hf_dir: Path) -> dict:
     from tokenizers import Tokenizer
     from dart_jax.models import hf_io
     from dart_jax.models.convert import specs_for
-    from dart_jax.models.image_processing import ImageProcessorConfig
+    from dart_jax.agent.image_processing import ImageProcessorConfig
     from dart_jax.models.qwen25vl import abstract_model
     config = _loads(hf_dir, "config.json", lambda: hf_io.read_config(hf_dir))
     specs = specs_for(abstract_model(config)[1], config)

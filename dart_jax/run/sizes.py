@@ -87,7 +87,7 @@ class Screens:
 
 def screens_of(model, plan, trainer) -> Screens:
     """`plan.screenshots` screens of `plan.screen_width` x `screen_height` as the trainer lays them out."""
-    from dart_jax.models.image_processing import ImageProcessorConfig
+    from dart_jax.agent.image_processing import ImageProcessorConfig
     from dart_jax.train.batch import BucketSpec, Collator
     v = model.vision
     image = ImageProcessorConfig(plan.min_pixels, plan.max_pixels, patch_size=v.patch_size,

@@ -49,7 +49,7 @@ import numpy as np
 
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.hf_io import read_config
-from dart_jax.models.image_processing import ImageProcessorConfig
+from dart_jax.agent.image_processing import ImageProcessorConfig
 from dart_jax.models.inputs import ModelInputs, make_inputs
 from dart_jax.train.screens import Processed
 from dart_jax.wire.messages import ScreenshotRef, Trajectory

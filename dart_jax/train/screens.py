@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 import numpy as np
 from PIL import Image
 
-from dart_jax.models.image_processing import ImageProcessorConfig, preprocess_image
+from dart_jax.agent.image_processing import ImageProcessorConfig, preprocess_image
 from dart_jax.wire.messages import ScreenshotRef, Trajectory
 from dart_jax.wire.png import address, png_hw
 

@@ -3,7 +3,7 @@ as the image processor sees it, read from its chunk headers.
 
 The data manager records each stored screenshot's (height, width) so curated batches can name
 screenshots by content and the trainer can plan shapes without pixels. The processor applies
-EXIF orientation first (models/image_processing.to_rgb_array), so orientations 5-8 swap the
+EXIF orientation first (agent/image_processing.to_rgb_array), so orientations 5-8 swap the
 axes. PIL only finds an orientation in an eXIf chunk or a text chunk (a raw EXIF profile, XMP);
 a PNG without those is sized from IHDR alone, and one with them is opened by PIL exactly as the
 processor opens it (which inflates the pixels: screenshots rarely carry such chunks).

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dart_jax.models.config import VisionConfig
-from dart_jax.models.image_processing import ImageProcessorConfig
+from dart_jax.agent.image_processing import ImageProcessorConfig
 from dart_jax.models.vision import VisionTransformer
 
 

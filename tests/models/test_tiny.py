@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dart_jax.models.image_processing import ImageProcessorConfig
+from dart_jax.agent.image_processing import ImageProcessorConfig
 from dart_jax.models.tiny import SPECIAL_TOKENS, TinySpec, make_tiny_hf_dir, tensor_shapes
 
 

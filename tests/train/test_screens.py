@@ -4,7 +4,7 @@ screenshot per batch, an LRU bounded in bytes, fetched bytes checked against the
 import numpy as np
 import pytest
 
-from dart_jax.models.image_processing import ImageProcessorConfig, preprocess_image
+from dart_jax.agent.image_processing import ImageProcessorConfig, preprocess_image
 from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache, decode_png
 from dart_jax.wire.messages import Trajectory
 from dart_jax.wire.png import address

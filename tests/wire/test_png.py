@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dart_jax.models.image_processing import to_rgb_array
+from dart_jax.agent.image_processing import to_rgb_array
 from dart_jax.wire.png import png_hw
 
 

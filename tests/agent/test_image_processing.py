@@ -1,4 +1,4 @@
-"""dart_jax.models.image_processing against transformers' Qwen2VLImageProcessor and torch.
+"""dart_jax.agent.image_processing against transformers' Qwen2VLImageProcessor and torch.
 
 vLLM builds pixel values with transformers' torchvision backend; equality here is exact
 (np.array_equal on float32), not a tolerance.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from dart_jax.models.image_processing import (ImageProcessorConfig, normalize, patchify,
+from dart_jax.agent.image_processing import (ImageProcessorConfig, normalize, patchify,
                                               preprocess_images, resize_bicubic_u8, smart_resize,
                                               to_rgb_array)
 
@@ -194,7 +194,7 @@ def test_to_rgb_array_composites_alpha_on_white_like_vllm():
 
 
 def test_module_imports_no_torch_or_jax():
-    code = ("import sys, dart_jax.models.image_processing; "
+    code = ("import sys, dart_jax.agent.image_processing; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'jax', 'transformers'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
