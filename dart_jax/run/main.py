@@ -54,7 +54,7 @@ def with_policy(cfg: RunConfig, policy: Path) -> RunConfig:
 def demos_phase(cfg: RunConfig, run: RunDir, policy: Path) -> dict:
     """Oracle episodes of every task; train successes -> data/demos -> the experience pool."""
     from dart_jax.agent.prompt import PromptBuilder
-    from dart_jax.data.pool import write_trajectories
+    from dart_jax.wire.trajfiles import write_trajectories
     from dart_jax.run import demos
     from dart_jax.wire import Client
     from dart_jax.wire.messages import PoolImport, PoolImported

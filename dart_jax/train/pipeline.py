@@ -47,7 +47,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dart_jax.data.pool import read_trajectories
+from dart_jax.wire.trajfiles import read_trajectories
 from dart_jax.train.batch import Bucket, Collator, StepExample, TrainBatch, dense_ids
 from dart_jax.train.config import SCREEN_CACHE_BYTES
 from dart_jax.train.packing import Row, StepRef, global_bucket, plan_rows

@@ -14,7 +14,7 @@ from PIL import Image
 from dart_jax.agent.prompt import PromptBuilder, PromptConfig
 from dart_jax.config import dump, from_dict, load
 from dart_jax.run.schema import RunConfig
-from dart_jax.data.pool import write_trajectories
+from dart_jax.wire.trajfiles import write_trajectories
 from dart_jax.agent.image_processing import preprocess_images
 from dart_jax.models.tiny import make_tiny_hf_dir
 from dart_jax.policy import load_hf

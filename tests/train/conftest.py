@@ -1,7 +1,7 @@
 import pytest
 
 from dart_jax.agent.prompt import PromptBuilder, PromptConfig
-from dart_jax.data.pool import write_trajectories
+from dart_jax.wire.trajfiles import write_trajectories
 from dart_jax.models.tiny import make_tiny_hf_dir
 from tests.train.trajectories import trajectory
 

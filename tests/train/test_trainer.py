@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from dart_jax.data.pool import write_trajectories
+from dart_jax.wire.trajfiles import write_trajectories
 from dart_jax.models.sharding import make_mesh
 from dart_jax.train.batch import BucketSpec, Collator
 from dart_jax.train.config import BucketConfig, LossConfig, OptimizerConfig, TrainerConfig
