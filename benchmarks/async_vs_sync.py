@@ -8,6 +8,9 @@ manager, one env server with `--slots` synthetic slots, one vLLM CPU rollout wor
 steps; only `run.mode` differs. Env calls (reset, each step, the evaluation) take an
 OSWorld-like heavy-tailed time: lognormal with median `--median-s` and spread `--sigma`,
 capped at `--max-s`; an unparseable action ends the episode (envs.invalid_action=end).
+At most `--max-pending` rollouts wait for the trainer (in flight or unused), in both modes:
+on a machine whose cores the fleet and the trainer share, an unbounded fleet takes the
+trainer's CPU.
 
 The figures come from the runs' own records (dart_jax.run.utilization), over each run's
 RL window (first batch request to last publish), the same computation in both modes:
@@ -41,6 +44,7 @@ def overrides(args, root: Path, mode: str) -> list[str]:
             "job.suites=[{backend: synthetic, names: [click-button, enter-text, select-item, check-boxes], "
             "train_seeds: 4, eval_seeds: 1}]",
             f"data.curation.tasks_per_batch={args.tasks_per_batch}", "data.curation.min_rollouts=4",
+            f"data.curation.max_pending={args.max_pending}",
             "data.curation.max_rollouts=4", "data.curation.group_size=4", "data.curation.max_pending_per_task=64",
             f"rollout.episodes={args.episodes}", "rollout.sampling.max_tokens=32",
             "trainer.buckets.seq_lens=[1024, 2048]", "trainer.buckets.num_slots=[1024, 2048]",
@@ -79,6 +83,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--tasks-per-batch", type=int, default=2)
+    ap.add_argument("--max-pending", type=int, default=24,
+                    help="rollouts pending at most (in flight or unused): how far the fleet may run ahead of the trainer")
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_async_sync_"))
@@ -89,7 +95,7 @@ def main() -> None:
         "rollout_util_ratio": a["rollout_util"] / s["rollout_util"], "staleness_mean": a["staleness_mean"],
         "staleness_mean_sync": s["staleness_mean"], "async": a, "sync": s, "steps": args.steps,
         "latency": {"median_s": args.median_s, "sigma": args.sigma, "max_s": args.max_s},
-        "slots": args.slots, "episodes": args.episodes, "machine": machine()}))
+        "slots": args.slots, "episodes": args.episodes, "max_pending": args.max_pending, "machine": machine()}))
 
 
 if __name__ == "__main__":
