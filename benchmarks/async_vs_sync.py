@@ -8,9 +8,8 @@ manager, one env server with `--slots` synthetic slots, one vLLM CPU rollout wor
 steps; only `run.mode` differs. Env calls (reset, each step, the evaluation) take an
 OSWorld-like heavy-tailed time: lognormal with median `--median-s` and spread `--sigma`,
 capped at `--max-s`; an unparseable action ends the episode (envs.invalid_action=end).
-At most `--max-pending` rollouts wait for the trainer (in flight or unused), in both modes:
-on a machine whose cores the fleet and the trainer share, an unbounded fleet takes the
-trainer's CPU.
+`--max-pending` caps the rollouts waiting for the trainer (in flight or unused) in both
+modes (default: no cap, as measured in BUILD.md).
 
 The figures come from the runs' own records (dart_jax.run.utilization), over each run's
 RL window (first batch request to last publish), the same computation in both modes:
@@ -83,8 +82,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--tasks-per-batch", type=int, default=2)
-    ap.add_argument("--max-pending", type=int, default=24,
-                    help="rollouts pending at most (in flight or unused): how far the fleet may run ahead of the trainer")
+    ap.add_argument("--max-pending", type=int, default=0,
+                    help="rollouts pending at most (in flight or unused; 0: no cap): how far the fleet may run ahead")
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_async_sync_"))
