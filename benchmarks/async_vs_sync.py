@@ -29,15 +29,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import machine
+from benchmarks.common import machine, socket_overrides
 
 
 def overrides(args, root: Path, mode: str) -> list[str]:
-    sock = lambda name: f"ipc://{root}/{mode}-{name}.sock"  # noqa: E731
     latency = f"{{kind: lognormal, median_s: {args.median_s}, sigma: {args.sigma}, max_s: {args.max_s}, seed: 1}}"
     return [f"run.root={root}", f"run.name={mode}", f"run.mode={mode}", "run.phases=[demos, rl]", "run.view=lines",
-            f"envs.wire.endpoint={sock('envs')}", f"data.wire.endpoint={sock('dm')}",
-            f"weights.announce.endpoint={sock('announce')}", f"weights.serve.endpoint={sock('weights')}",
+            *socket_overrides(root, mode),
             f"envs.slots=[{{type: synthetic, count: {args.slots}, step_latency: {latency}}}]",
             "envs.invalid_action=end", "envs.step_timeout_s=60", "envs.reset_timeout_s=60",
             "job.suites=[{backend: synthetic, names: [click-button, enter-text, select-item, check-boxes], "

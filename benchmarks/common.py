@@ -19,6 +19,14 @@ def machine() -> str:
     return f"{platform.node()} {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
 
 
+def socket_overrides(root, name: str) -> list[str]:
+    """`dart-jax run` overrides putting every endpoint of run `name` on ipc sockets under
+    `root`: no port another run or test could hold."""
+    sock = lambda role: f"ipc://{root}/{name}-{role}.sock"  # noqa: E731
+    return [f"envs.wire.endpoint={sock('envs')}", f"data.wire.endpoint={sock('dm')}",
+            f"weights.announce.endpoint={sock('announce')}", f"weights.serve.endpoint={sock('weights')}"]
+
+
 def union_s(intervals, start: float, end: float) -> float:
     """Seconds of [start, end] covered by the union of (a, b) intervals."""
     covered, reach = 0.0, start

@@ -26,7 +26,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import machine
+from benchmarks.common import machine, socket_overrides
 
 ORDER = ("rollouts", "length", "selection", "tis", "pool")  # DART's ablation order
 PIECES = (("plain GRPO", 0), ("+ dynamic rollouts", 1), ("+ dynamic length", 2),
@@ -49,18 +49,12 @@ def variant(cfg, on: int) -> list[str]:
     return [o for piece in ORDER[on:] for o in off(cfg, piece)]
 
 
-def sockets(root: Path, name: str) -> list[str]:
-    sock = lambda role: f"ipc://{root}/{name}-{role}.sock"  # noqa: E731: no port another run could hold
-    return [f"envs.wire.endpoint={sock('envs')}", f"data.wire.endpoint={sock('dm')}",
-            f"weights.announce.endpoint={sock('announce')}", f"weights.serve.endpoint={sock('weights')}"]
-
-
 def one_run(config: Path, root: Path, name: str, extra: list[str]) -> dict:
     from dart_jax.config import load
     from dart_jax.run.main import run
     from dart_jax.run.schema import RunConfig
     summary = run(load(RunConfig, config, [f"run.root={root}", f"run.name={name}", "run.view=lines",
-                                           *sockets(root, name), *extra]))
+                                           *socket_overrides(root, name), *extra]))
     print(json.dumps({"run": name, **{k: v for k, v in summary.items() if k != "plots"}}), flush=True)
     return summary
 

@@ -46,12 +46,8 @@ def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publishe
             "batch/injected": len(batch.injected), "policy/version": trainer.policy_version,
             "time/fetch_start": fetched, "time/update_start": started, "time/publish_start": published,
             "time/publish_end": time.time(), **_staleness(batch, trainer.policy_version)})
-        if ckpt is not None and (_crossed(before, trainer.step, trainer.cfg.checkpoint.every_steps)
-                                 or trainer.step >= steps):
-            trainer.save(ckpt, source.get_state())
-    flush(pending, log)
-    if ckpt is not None:
-        ckpt.wait()
+        _checkpoint(trainer, ckpt, source, before, steps)
+    _finish(pending, log, ckpt)
 
 
 def sft(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | None, steps: int, log: Log) -> None:
@@ -64,9 +60,18 @@ def sft(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | Non
         metrics = trainer.update_sft([next(source) for _ in range(trainer.cfg.buckets.accum_steps)])
         flush(pending, log)
         pending = (trainer.step, metrics, {})
-        if ckpt is not None and (_crossed(before, trainer.step, trainer.cfg.checkpoint.every_steps)
-                                 or trainer.step >= steps):
-            trainer.save(ckpt, source.get_state())
+        _checkpoint(trainer, ckpt, source, before, steps)
+    _finish(pending, log, ckpt)
+
+
+def _checkpoint(trainer: Trainer, ckpt: Checkpointer | None, source, before: int, steps: int) -> None:
+    """Save when the update crossed a checkpoint boundary or was the last one."""
+    if ckpt is not None and (_crossed(before, trainer.step, trainer.cfg.checkpoint.every_steps) or trainer.step >= steps):
+        trainer.save(ckpt, source.get_state())
+
+
+def _finish(pending, log: Log, ckpt: Checkpointer | None) -> None:
+    """The last update's metrics, and every checkpoint on disk."""
     flush(pending, log)
     if ckpt is not None:
         ckpt.wait()
