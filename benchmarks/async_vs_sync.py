@@ -1,18 +1,21 @@
 """Decoupled (async) vs synchronous training, the same system in both modes, one invocation.
 
-    .venv/bin/python -m benchmarks.async_vs_sync [--steps 8] [--median-s 2] [--sigma 1.2]
+    .venv/bin/python -m benchmarks.async_vs_sync [--steps 12] [--warmup 2] [--median-s 2] [--sigma 1.2]
 
 Each mode is a whole `dart-jax run` (phases demos, rl) with the same processes (a data
 manager, one env server with `--slots` synthetic slots, one vLLM CPU rollout worker with
 `--episodes` episodes, the JAX trainer), the same policy, tasks and number of trainer
 steps; only `run.mode` differs. Env calls (reset, each step, the evaluation) take an
 OSWorld-like heavy-tailed time: lognormal with median `--median-s` and spread `--sigma`,
-capped at `--max-s`; an unparseable action ends the episode (envs.invalid_action=end).
+capped at `--max-s`; an unparseable action ends the episode (`--invalid end`, the default) or
+costs a step with a penalty (`--invalid penalty`: episodes run to the step cap). The trainer
+has one bucket shape (`--seq-len`), so it compiles in its first round and never mid-run.
 `--max-pending` caps the rollouts waiting for the trainer (in flight or unused) in both
 modes (default: no cap, as measured in BUILD.md).
 
 The figures come from the runs' own records (dart_jax.run.utilization), over each run's
-RL window (first batch request to last publish), the same computation in both modes:
+steady-state window: from the end of its `--warmup`-th round (the first compiles the
+trainer's step, the engine warms up) to its last publish, the same computation in both modes:
 - env utilization: time every slot spent inside env calls / (slots x window);
 - rollout utilization: share of the window the worker's engine was generating (the union
   of its model calls, weight-load pauses excluded);
@@ -37,25 +40,35 @@ def overrides(args, root: Path, mode: str) -> list[str]:
     return [f"run.root={root}", f"run.name={mode}", f"run.mode={mode}", "run.phases=[demos, rl]", "run.view=lines",
             *socket_overrides(root, mode),
             f"envs.slots=[{{type: synthetic, count: {args.slots}, step_latency: {latency}}}]",
-            "envs.invalid_action=end", "envs.step_timeout_s=60", "envs.reset_timeout_s=60",
+            f"envs.invalid_action={args.invalid}", "envs.step_timeout_s=60", "envs.reset_timeout_s=60",
             "job.suites=[{backend: synthetic, names: [click-button, enter-text, select-item, check-boxes], "
             "train_seeds: 4, eval_seeds: 1}]",
             f"data.curation.tasks_per_batch={args.tasks_per_batch}", "data.curation.min_rollouts=4",
             f"data.curation.max_pending={args.max_pending}",
             "data.curation.max_rollouts=4", "data.curation.group_size=4", "data.curation.max_pending_per_task=64",
             f"rollout.episodes={args.episodes}", "rollout.sampling.max_tokens=32",
-            "trainer.buckets.seq_lens=[1024, 2048]", "trainer.buckets.num_slots=[1024, 2048]",
+            f"trainer.buckets.seq_lens=[{args.seq_len}]", f"trainer.buckets.num_slots=[{args.seq_len}]",
             "trainer.checkpoint.every_steps=1000", f"train.steps={args.steps}"]
 
 
-def figures(run_dir: Path, slots: int):
+def steady_window(rounds, warmup: int):
+    """From the end of the `warmup`-th trainer round (its first batch request when 0) to the
+    last publish: the rounds after the warm-up, each whole."""
+    from dart_jax.run.utilization import Window
+    rounds = sorted(rounds, key=lambda r: r.publish_end)
+    if len(rounds) <= warmup:
+        raise ValueError(f"{len(rounds)} trainer rounds: none after the {warmup} warm-up rounds")
+    start = rounds[warmup - 1].publish_end if warmup else rounds[0].fetch_start
+    return Window(start, rounds[-1].publish_end)
+
+
+def figures(run_dir: Path, slots: int, warmup: int):
     from dart_jax.run.records import RunReader
-    from dart_jax.run.utilization import Window, measure
+    from dart_jax.run.utilization import measure
     reader = RunReader(run_dir)
     records = reader.refresh()
     reader.close()
-    window = Window(min(r.fetch_start for r in records.rounds), max(r.publish_end for r in records.rounds))
-    return measure(records, window, slots, ["rollout-0"])
+    return measure(records, steady_window(records.rounds, warmup), slots, ["rollout-0"])
 
 
 def run_mode(args, root: Path, mode: str) -> dict:
@@ -63,7 +76,7 @@ def run_mode(args, root: Path, mode: str) -> dict:
     from dart_jax.run.main import run
     from dart_jax.run.schema import RunConfig
     summary = run(load(RunConfig, "configs/rl.yaml", overrides(args, root, mode)))
-    u = figures(Path(summary["run_dir"]), args.slots)
+    u = figures(Path(summary["run_dir"]), args.slots, args.warmup)
     out = {"env_util": u.env, "rollout_util": u.rollout, "trainer_util": u.trainer,
            "actions_per_min": u.actions_per_min, "staleness_mean": u.staleness_mean,
            "window_s": u.window.seconds, "trained_steps": sum(c for c in u.staleness.values())}
@@ -73,7 +86,10 @@ def run_mode(args, root: Path, mode: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=8, help="trainer steps in each mode")
+    ap.add_argument("--steps", type=int, default=12, help="trainer steps in each mode")
+    ap.add_argument("--warmup", type=int, default=2, help="rounds left out of the window (compilation, warm-up)")
+    ap.add_argument("--invalid", choices=("end", "penalty"), default="end", help="what an unparseable action does")
+    ap.add_argument("--seq-len", type=int, default=2048, help="the trainer's one bucket (tokens per row)")
     ap.add_argument("--median-s", type=float, default=2.0)
     ap.add_argument("--sigma", type=float, default=1.2)
     ap.add_argument("--max-s", type=float, default=30.0)
@@ -90,7 +106,7 @@ def main() -> None:
         "benchmark": "async_vs_sync", "env_util_async": a["env_util"], "env_util_sync": s["env_util"],
         "env_util_ratio": a["env_util"] / s["env_util"], "throughput_ratio": a["actions_per_min"] / s["actions_per_min"],
         "rollout_util_ratio": a["rollout_util"] / s["rollout_util"], "staleness_mean": a["staleness_mean"],
-        "staleness_mean_sync": s["staleness_mean"], "async": a, "sync": s, "steps": args.steps,
+        "staleness_mean_sync": s["staleness_mean"], "async": a, "sync": s, "steps": args.steps, "warmup": args.warmup, "invalid": args.invalid,
         "latency": {"median_s": args.median_s, "sigma": args.sigma, "max_s": args.max_s},
         "slots": args.slots, "episodes": args.episodes, "max_pending": args.max_pending, "machine": machine()}))
 

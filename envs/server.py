@@ -83,10 +83,21 @@ class Slot:
         self.restarting = False
         self.episodes = self.steps = self.env_errors = self.restarts = 0
         self.window_start, self.busy_s = time.monotonic(), 0.0
+        self.call_start: float | None = None  # the call in progress began then
+
+    def busy(self, now: float) -> float:
+        """Seconds inside backend calls since `window_start`: finished calls' share of the
+        window plus the part of a call in progress (so busy never exceeds the window)."""
+        running = self.call_start
+        return self.busy_s + (now - max(running, self.window_start) if running is not None else 0.0)
+
+    def reset_window(self, now: float) -> None:
+        self.window_start, self.busy_s = now, 0.0
+        self.episodes = self.steps = 0
 
     def call(self, fn: Callable[[Env], Any], timeout_s: float) -> Any:
         """`fn(env)` on the slot thread (starting the backend if needed) within `timeout_s`."""
-        start = time.monotonic()
+        self.call_start = start = time.monotonic()
         future = self.pool.submit(lambda: fn(self._ensure_env()))
         try:
             return future.result(timeout_s)
@@ -94,7 +105,8 @@ class Slot:
             self._abandon()
             raise EnvError(f"slot {self.index}: no answer in {timeout_s:g} s") from None
         finally:
-            self.busy_s += time.monotonic() - start
+            self.call_start = None
+            self.busy_s += time.monotonic() - max(start, self.window_start)
 
     def warm(self) -> None:
         self.pool.submit(self._ensure_env)
@@ -131,10 +143,10 @@ class Slot:
         old.shutdown(wait=False, cancel_futures=True)
 
     def stats(self, now: float) -> EnvSlotStats:
-        wall = max(now - self.window_start, 1e-9)
+        wall, busy = max(now - self.window_start, 1e-9), self.busy(now)
         state = "restarting" if self.restarting else ("leased" if self.lease else "free")
         return EnvSlotStats(slot=self.index, backend=self.backend, state=state, wall_s=wall,
-                            busy_s=self.busy_s, utilization=min(self.busy_s / wall, 1.0),
+                            busy_s=busy, utilization=busy / wall,
                             episodes=self.episodes, steps=self.steps, env_errors=self.env_errors,
                             restarts=self.restarts)
 
@@ -413,8 +425,7 @@ class EnvServer:
         reply = EnvStats(slots=[slot.stats(now) for slot in self.slots], uptime_s=now - self.started)
         if msg.reset:
             for slot in self.slots:
-                slot.window_start, slot.busy_s = now, 0.0
-                slot.episodes = slot.steps = 0
+                slot.reset_window(now)
         return reply
 
 

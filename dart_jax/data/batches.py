@@ -37,7 +37,7 @@ class BatchAssembler:
                 return self.replay(req.after_batch_id + 1)
             groups = self.curate(req.trainer_version)
             if isinstance(groups, str):
-                return NoBatch(reason=groups, retry_after_s=1.0)
+                return NoBatch(reason=groups, retry_after_s=0.25)
             self.store.record_batch(last + 1, req.trainer_version, groups)
         return self.replay(last + 1)
 

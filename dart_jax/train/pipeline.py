@@ -277,7 +277,7 @@ class DataManagerSource:
                 log.warning("no answer to a %s; asking again", type(msg).__name__)
 
     def _fetch(self) -> CuratedBatch:
-        deadline = self._deadline()
+        deadline, reason = self._deadline(), None
         while True:
             reply = self._ask(BatchRequest(trainer_version=self.trainer_version,
                                            after_batch_id=self.after_batch_id), deadline)
@@ -287,7 +287,9 @@ class DataManagerSource:
                 raise RuntimeError(f"the data manager answered a BatchRequest with {type(reply).__name__}")
             if deadline is not None and time.monotonic() + reply.retry_after_s > deadline:
                 raise TimeoutError(f"no batch after {self.after_batch_id} within {self.max_wait_s} s: {reply.reason}")
-            log.info("no batch yet (%s); retrying in %.1f s", reply.reason, reply.retry_after_s)
+            if reply.reason != reason:  # once per reason: the poll is frequent
+                log.info("no batch yet (%s); asking every %.2f s", reply.reason, reply.retry_after_s)
+                reason = reply.reason
             time.sleep(reply.retry_after_s)
 
     def get_state(self) -> dict:

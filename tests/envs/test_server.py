@@ -206,3 +206,25 @@ def test_a_killed_client_loses_its_slot(env_server):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_slot_busy_counts_only_the_window_and_calls_in_progress():
+    """A call that began before a stats reset counts only from the reset on, and a call in
+    progress counts up to now: a slot is never busier than its window."""
+    import threading
+
+    from envs.server import Slot
+
+    slot = Slot(0, SyntheticSlots(), 0)
+    call = threading.Thread(target=slot.call, args=(lambda env: time.sleep(0.6), 5.0))
+    call.start()
+    time.sleep(0.3)
+    slot.reset_window(time.monotonic())
+    time.sleep(0.1)
+    during = slot.stats(time.monotonic())
+    assert 0.05 < during.busy_s <= during.wall_s
+    call.join()
+    time.sleep(0.1)
+    after = slot.stats(time.monotonic())
+    assert after.busy_s < after.wall_s and after.busy_s < 0.45, (after.busy_s, after.wall_s)
+    assert after.busy_s > 0.2

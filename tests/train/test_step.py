@@ -195,3 +195,34 @@ def test_compiled_step_does_not_grow_with_depth():
         return sum(" = " in line for line in _abstract_step(layers, "full").as_text().splitlines())
     two, sixteen = instructions(2), instructions(16)
     assert abs(sixteen - two) <= 0.01 * two, (two, sixteen)
+
+
+@pytest.mark.parametrize("normalize", ["step", "trajectory"])
+def test_an_rl_update_favours_the_successes_over_the_failures(tiny_dir, group_trajs, normalize):
+    """The sign of the whole RL path (plan, advantages, loss, optimizer): after one update on
+    a batch, the log-likelihood of each task's successful responses rose by more than that
+    of its failed ones (all may move together: Adam's first step moves every weight)."""
+    from dart_jax.train.config import TISConfig
+    from dart_jax.train.step import token_scores
+
+    cfg = _rl_cfg(loss=LossConfig(kl_coef=0.0, advantage_normalize=normalize), tis=TISConfig(enabled=False))
+    col = collator(tiny_dir, 4)
+    rl = plan_inline(group_trajs, col)
+    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
+
+    def loglik_per_step() -> np.ndarray:
+        micro, _, _ = tr.prepare_rl(rl, col)
+        out = np.zeros(len(rl.reward_N))
+        for m, mb in enumerate(micro):
+            logp, _ = token_scores(tr.steps.graphdef, tr.state.params, mb, cfg)
+            per_slot = np.asarray((logp * mb.loss_mask_BxPxT.reshape(logp.shape)).sum(-1))
+            steps = rl.slot_steps(m)
+            out[steps[steps >= 0]] = per_slot[steps >= 0]
+        return out
+
+    before = loglik_per_step()
+    tr.update_rl(rl, col)
+    delta = loglik_per_step() - before
+    for group in np.unique(rl.group_N):
+        won, lost = (delta[(rl.group_N == group) & (rl.reward_N == r)].mean() for r in (1.0, 0.0))
+        assert won > lost, (group, won, lost)
