@@ -160,18 +160,18 @@ def test_a_corrupt_bucket_leaves_the_worker_on_its_version(system):
         return reply
 
     system.publisher.server.handler = corrupt
-    try:
+    try:  # every pull of the new version stays corrupt until the worker has shown it kept the old
         system.publish(perturbed(system.params, 2))
         deadline = time.monotonic() + 120
         while not any(r["sync_version"] == good + 1 for r in worker_syncs(system)):
             assert time.monotonic() < deadline, "the worker never tried the corrupt version"
             time.sleep(0.5)
+        failed = [r for r in worker_syncs(system) if r["sync_version"] == good + 1]
+        assert not failed[0]["sync_ok"] and "CRC-32" in failed[0]["sync_error"]
+        after = time.time()
+        system.wait(lambda s: count_at(system, good, after) >= 2, 120, "trajectories at the old version")
     finally:
         system.publisher.server.handler = serve
-    failed = [r for r in worker_syncs(system) if r["sync_version"] == good + 1]
-    assert not failed[0]["sync_ok"] and "CRC-32" in failed[0]["sync_error"]
-    after = time.time()
-    system.wait(lambda s: count_at(system, good, after) >= 2, 120, "trajectories at the old version")
     mean, _ = gaps(system, system.params, steps_at(system, good, after))
     assert mean <= PARITY_MEAN
 
