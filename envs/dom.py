@@ -3,8 +3,10 @@
     [7] button "Submit" (12,140,60,24) value="" id="subbtn" checked focused
 
 Coordinates are screen pixels (x, y, width, height); strings are JSON-quoted; trailing
-bare words are flags. Backends write it with `format_element`; oracles and prompts read
-it with `parse`.
+bare words are flags. The env server adds `point="(x,y)"` to each element it sends: the
+element's center in the action space (model-image pixels, what `click(start_box=...)`
+takes), so a policy that reads the text can click by copying it (`with_points`).
+Backends write it with `format_element`; oracles and prompts read it with `parse`.
 """
 
 from __future__ import annotations
@@ -62,3 +64,16 @@ def parse(text: str) -> list[Element]:
         elements.append(Element(int(ref), role, json.loads(label), tuple(float(v) for v in box),
                                 attrs.pop("value", ""), "checked" in flags, "focused" in flags, attrs))
     return elements
+
+
+def with_points(text: str, to_action_space) -> str:
+    """`text` with ` point="(x,y)"` after every element line: `to_action_space(center)`
+    (screen pixels -> the action's integer coordinates). Other lines pass unchanged."""
+    lines = []
+    for line in text.splitlines():
+        element = parse(line)
+        if element and "point" not in element[0].attrs:
+            x, y = to_action_space(element[0].center)
+            line = f'{line} point="({x},{y})"'
+        lines.append(line)
+    return "\n".join(lines)

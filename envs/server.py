@@ -32,7 +32,7 @@ from dart_jax.wire.messages import (EnvAcquire, EnvEvaluate, EnvHeartbeat, EnvHe
                                     EnvListTasks, EnvObservation, EnvRelease, EnvReleased, EnvReply,
                                     EnvReset, EnvReward, EnvSlotStats, EnvStats, EnvStatsRequest, EnvStep,
                                     EnvTaskList, Error, Message)
-from envs import actions
+from envs import actions, dom
 from envs.backends import make_env, task_names
 from envs.config import EnvServerConfig, SlotSpec
 from envs.types import Env, EnvError, Observation, Task, TaskError
@@ -398,8 +398,9 @@ class EnvServer:
                message: str = "") -> EnvReply:
         episode = slot.episode
         wire_obs = None if obs is None else EnvObservation(
-            screenshot=obs.screenshot, width=obs.width, height=obs.height,
-            instruction=obs.instruction, dom_text=obs.dom_text)
+            screenshot=obs.screenshot, width=obs.width, height=obs.height, instruction=obs.instruction,
+            dom_text=dom.with_points(obs.dom_text, lambda p: actions.to_model(p, (obs.width, obs.height),
+                                                                               self.cfg.image)))
         reply = EnvReply(lease_id=slot.lease.id, episode_id=episode.id, step=episode.steps, status=status,
                          done=episode.done, observation=wire_obs, action=action, message=message)
         episode.last_reply = reply

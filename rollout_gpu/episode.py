@@ -62,7 +62,7 @@ async def run_episode(env: EnvSession, task: TaskSpec, policy: Policy, builder: 
         images.append(_image(obs.screenshot))
         if reply.done or len(steps) == max_steps:
             break
-        prompt = builder.build(obs.instruction, images, responses)
+        prompt = builder.build(obs.instruction, images, responses, obs.dom_text)
         gen_start = time.time()
         sample = await policy.sample(prompt, obs, task)
         env_start = time.time()

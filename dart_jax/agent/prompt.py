@@ -89,6 +89,9 @@ class PromptConfig:
     max_responses: int = 35
     language: str = "English"
     template: Literal["computer_use", "compact"] = "computer_use"  # the first user turn's text
+    # the current screen's elements as text after its screenshot (the env's `dom_text`, each
+    # element with its click point): an accessibility-tree observation beside the pixels
+    screen_text: bool = False
 
     def __post_init__(self):
         if self.max_images < 1 or self.max_responses < 0:
@@ -98,11 +101,13 @@ class PromptConfig:
 
 
 def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses: Sequence[str],
-                   cfg: PromptConfig = PromptConfig()) -> list[dict]:
+                   cfg: PromptConfig = PromptConfig(), screen_text: str = "") -> list[dict]:
     """Chat messages (transformers' content-part format) for the step after `responses`.
 
     `screenshots` has one more entry than `responses`: the observation before each response
-    and the current one. Image parts carry the screenshot under "image".
+    and the current one. Image parts carry the screenshot under "image". With
+    `cfg.screen_text`, `screen_text` (the current screen's elements) follows the current
+    screenshot in the last user turn; earlier screens' texts are never kept.
     """
     if len(screenshots) != len(responses) + 1:
         raise ValueError(f"need len(screenshots) == len(responses) + 1, got {len(screenshots)} "
@@ -121,6 +126,8 @@ def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses
             messages.append({"role": "assistant", "content": [{"type": "text", "text": history_form(response)}]})
         if i + 1 >= first_image:
             messages.append({"role": "user", "content": image_turn(i + 1)})
+    if cfg.screen_text and screen_text:
+        messages[-1]["content"].append({"type": "text", "text": f"\nScreen elements:\n{screen_text}"})
     return messages
 
 
@@ -173,8 +180,9 @@ class PromptBuilder:
     def encode_text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def build(self, instruction: str, screenshots: Sequence[ImageLike], responses: Sequence[str]) -> Prompt:
-        messages = build_messages(instruction, screenshots, responses, self.cfg)
+    def build(self, instruction: str, screenshots: Sequence[ImageLike], responses: Sequence[str],
+              screen_text: str = "") -> Prompt:
+        messages = build_messages(instruction, screenshots, responses, self.cfg, screen_text)
         return self.tokenize_messages(messages)
 
     def tokenize_messages(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> Prompt:

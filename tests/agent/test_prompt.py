@@ -57,6 +57,19 @@ def test_first_step_layout():
                          "<|im_end|>\n<|im_start|>assistant\n")
 
 
+@pytest.mark.parametrize("t", [0, 2])
+def test_screen_text_follows_the_current_screenshot_only_when_asked(t):
+    shots, elements = _screens(t + 1), '[1] button "OK" (10,20,60,24) point="(39,31)"'
+    plain = build_messages("Press OK.", shots, _responses(t), PromptConfig(), elements)
+    assert "Screen elements" not in render(plain)
+    msgs = build_messages("Press OK.", shots, _responses(t), PromptConfig(screen_text=True), elements)
+    assert msgs[:-1] == plain[:-1]  # every earlier turn as without it
+    assert msgs[-1]["content"][-1] == {"type": "text", "text": f"\nScreen elements:\n{elements}"}
+    assert render(msgs).count("Screen elements") == 1
+    assert render(msgs).endswith(f"<|vision_end|>\nScreen elements:\n{elements}<|im_end|>\n<|im_start|>assistant\n")
+    assert build_messages("Press OK.", shots, _responses(t), PromptConfig(screen_text=True)) == plain
+
+
 @pytest.mark.parametrize("t", [0, 1, 4, 5, 9])
 def test_keeps_last_five_screenshots_and_all_responses(t):
     shots, resps = _screens(t + 1), _responses(t)

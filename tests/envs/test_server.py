@@ -228,3 +228,22 @@ def test_slot_busy_counts_only_the_window_and_calls_in_progress():
     after = slot.stats(time.monotonic())
     assert after.busy_s < after.wall_s and after.busy_s < 0.45, (after.busy_s, after.wall_s)
     assert after.busy_s > 0.2
+
+
+def test_observations_carry_each_elements_click_point(env_server):
+    from envs import actions, dom
+
+    _, endpoint = env_server(SyntheticSlots(count=1))
+
+    async def main():
+        c = client(endpoint)
+        session = await c.acquire("synthetic")
+        reply = await session.reset(spec("synthetic", "enter-text", 3))
+        await c.aclose()
+        return reply.observation
+
+    obs = run(main())
+    elements = dom.parse(obs.dom_text)
+    assert [e.role for e in elements] == ["textbox", "button"]
+    for e in elements:
+        assert e.attrs["point"] == "({},{})".format(*actions.to_model(e.center, (obs.width, obs.height)))

@@ -98,3 +98,22 @@ def test_a_slot_with_latency_takes_that_long():
     start = time.monotonic()
     env.reset(_task("click-button", 0))
     assert time.monotonic() - start >= 0.05
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_each_elements_point_clicks_that_element(name):
+    """`dom.with_points` (what the env server sends): clicking an on-screen element's point,
+    written as the model writes it, lands on that element (the action space's round trip)."""
+    env = SyntheticEnv(difficulty=2)
+    for seed in range(5):
+        obs = env.reset(_task(name, seed, 2))
+        screen = (obs.width, obs.height)
+        text = dom.with_points(obs.dom_text, lambda p: actions.to_model(p, screen))
+        assert dom.with_points(text, lambda p: (0, 0)) == text  # points are added once
+        for element in dom.parse(text):
+            x, y, w, h = element.box
+            if y < 40 or y + h > obs.height:  # under the instruction header, or scrolled off
+                continue
+            point = element.attrs["point"]
+            action = actions.parse(f"Action: click(start_box='{point}')", screen)
+            assert env._hit(action.point).ref == element.ref, (name, seed, element, point)

@@ -55,3 +55,13 @@ def test_unparseable_text_is_an_invalid_step(builder):
     traj = play(builder, "I would like to click somewhere", max_steps=2, invalid_action="end")
     assert len(traj.steps) == 1 and not traj.steps[0].valid and traj.steps[0].action == ""
     assert traj.status != "success" and traj.reward == 0.0
+
+
+def test_a_screen_text_prompt_holds_the_current_screens_elements(tmp_path):
+    from dart_jax.agent.prompt import PromptConfig
+
+    with_text = PromptBuilder.from_pretrained(make_tiny_hf_dir(tmp_path / "tiny"), PromptConfig(screen_text=True))
+    traj = play(with_text, "Thought: wait.\nAction: wait()", max_steps=2)
+    for step in traj.steps:
+        text = with_text.tokenizer.decode(step.prompt_ids.tolist(), skip_special_tokens=False)
+        assert text.count("Screen elements:") == 1 and text.count(' point="(') == 3  # click-button: 3 buttons
