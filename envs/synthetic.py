@@ -93,8 +93,13 @@ class SyntheticEnv:
         if task.name not in TASKS:
             raise TaskError(f"unknown synthetic task {task.name!r} (known: {', '.join(TASKS)})")
         difficulty = int(task.config.get("difficulty", self.difficulty))
+        words = WORDS[:_vocabulary(task)]
         rng = random.Random(f"{task.name}:{difficulty}:{task.seed}")
-        self.task, self.scene = task, _GENERATORS[task.name](rng, difficulty, self.size[0])
+        try:
+            scene = _GENERATORS[task.name](rng, difficulty, self.size[0], words)
+        except ValueError as e:  # more distinct labels asked for than the vocabulary holds
+            raise TaskError(f"task {task.id}: {e}") from None
+        self.task, self.scene = task, scene
         self.page, self.scroll, self.focus, self.done, self.success = 0, 0, None, False, False
         self.select_all = False
         self._wait()
@@ -227,6 +232,15 @@ class SyntheticEnv:
             draw.text((w.x + 6, sy + 4), w.label, fill="black", font=self.font)
 
 
+def _vocabulary(task: Task) -> int:
+    """`config.words`: how many of WORDS the task draws its words and labels from (all by
+    default; fewer makes the word a choice among a few rather than a copy of any)."""
+    words = task.config.get("words", len(WORDS))
+    if isinstance(words, bool) or not isinstance(words, int) or not 1 <= words <= len(WORDS):
+        raise TaskError(f"task {task.id}: config.words must be an integer in 1..{len(WORDS)}, got {words!r}")
+    return words
+
+
 def _wrap(text: str, width: int) -> str:
     lines, line = [], ""
     for word in text.split():
@@ -237,7 +251,7 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join([*lines, line][:2])
 
 
-# ---- task generators: (rng, difficulty, screen width) -> Scenario --------------------------
+# ---- task generators: (rng, difficulty, screen width, vocabulary) -> Scenario --------------------------
 
 def _column(rng: random.Random, labels, role: str, difficulty: int, width: int, h: int = 24,
             gap: int = 10, start: int = 10, page: int = 0, ref0: int = 1) -> list[Widget]:
@@ -255,14 +269,14 @@ def _page_height(widgets: list[Widget]) -> int:
     return max(w.y + w.h for w in widgets) + 10
 
 
-def _gen_click_button(rng, difficulty, width) -> Scenario:
-    labels = rng.sample(WORDS, 1 + 2 * difficulty)
+def _gen_click_button(rng, difficulty, width, words) -> Scenario:
+    labels = rng.sample(words, 1 + 2 * difficulty)
     widgets = _column(rng, [w.capitalize() for w in labels], "button", difficulty, width)
     target = rng.choice(widgets).label
     return Scenario(f'Click the "{target}" button.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_click_color(rng, difficulty, width) -> Scenario:
+def _gen_click_color(rng, difficulty, width, words) -> Scenario:
     """Tiles of 2 + 2 * difficulty colors in a shuffled two-column grid filling the page."""
     names = list(COLORS)[:2 + 2 * difficulty]
     rng.shuffle(names)
@@ -274,8 +288,8 @@ def _gen_click_color(rng, difficulty, width) -> Scenario:
     return Scenario(f'Click the "{target}" square.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_enter_text(rng, difficulty, width) -> Scenario:
-    word, fields = rng.choice(WORDS), rng.sample(("Name", "City", "Email", "Code"), difficulty)
+def _gen_enter_text(rng, difficulty, width, words) -> Scenario:
+    word, fields = rng.choice(words), rng.sample(("Name", "City", "Email", "Code"), difficulty)
     widgets = _column(rng, fields, "textbox", difficulty, width)
     widgets += _column(rng, ["Submit"], "button", 1, width, start=_page_height(widgets), ref0=10)
     target = rng.choice(fields)
@@ -284,8 +298,8 @@ def _gen_enter_text(rng, difficulty, width) -> Scenario:
                     {"values": values}, _page_height(widgets))
 
 
-def _gen_check_boxes(rng, difficulty, width) -> Scenario:
-    labels = rng.sample(WORDS, 2 + 2 * difficulty)
+def _gen_check_boxes(rng, difficulty, width, words) -> Scenario:
+    labels = rng.sample(words, 2 + 2 * difficulty)
     wanted = set(rng.sample(labels, rng.randint(1, len(labels) - 1)))
     widgets = _column(rng, labels, "checkbox", difficulty, width, h=20, gap=6)
     widgets += _column(rng, ["Submit"], "button", 1, width, start=_page_height(widgets), ref0=20)
@@ -294,15 +308,15 @@ def _gen_check_boxes(rng, difficulty, width) -> Scenario:
                     _page_height(widgets))
 
 
-def _gen_select_item(rng, difficulty, width) -> Scenario:
-    labels = rng.sample(WORDS, 4 + 4 * difficulty)
+def _gen_select_item(rng, difficulty, width, words) -> Scenario:
+    labels = rng.sample(words, 4 + 4 * difficulty)
     widgets = [Widget(i + 1, "listitem", label, 20, 10 + 22 * i, 200, 22) for i, label in enumerate(labels)]
     target = rng.choice(labels)
     return Scenario(f'Select "{target}" from the list.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_form(rng, difficulty, width) -> Scenario:
-    name, plan = rng.choice(WORDS).capitalize(), rng.choice(PLANS[:1 + difficulty])
+def _gen_form(rng, difficulty, width, words) -> Scenario:
+    name, plan = rng.choice(words).capitalize(), rng.choice(PLANS[:1 + difficulty])
     widgets = [Widget(1, "textbox", "Name", 20, 20, 200, 24), Widget(2, "button", "Next", 20, 60, 80, 24)]
     widgets += _column(rng, PLANS[:1 + difficulty], "checkbox", 1, width, h=20, gap=6, page=1, ref0=3)
     widgets += _column(rng, ["Submit"], "button", 1, width, start=_page_height(widgets), page=1, ref0=9)

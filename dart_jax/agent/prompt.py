@@ -92,10 +92,17 @@ class PromptConfig:
     # the current screen's elements as text after its screenshot (the env's `dom_text`, each
     # element with its click point): an accessibility-tree observation beside the pixels
     screen_text: bool = False
+    # where the task text goes: "first", the first user turn (UI-TARS); "last", the end of the
+    # current user turn, after the screen, so it sits the same few tokens before every response
+    # (a small policy finds a word it must copy at a fixed distance long before it learns to
+    # search the whole context for it)
+    task_position: Literal["first", "last"] = "first"
 
     def __post_init__(self):
         if self.max_images < 1 or self.max_responses < 0:
             raise ValueError("max_images must be >= 1 and max_responses >= 0")
+        if self.task_position not in ("first", "last"):
+            raise ValueError(f"prompt task_position {self.task_position!r}: first or last")
         if self.template not in TEMPLATES:
             raise ValueError(f"prompt template {self.template!r}: one of {sorted(TEMPLATES)}")
 
@@ -107,7 +114,9 @@ def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses
     `screenshots` has one more entry than `responses`: the observation before each response
     and the current one. Image parts carry the screenshot under "image". With
     `cfg.screen_text`, `screen_text` (the current screen's elements) follows the current
-    screenshot in the last user turn; earlier screens' texts are never kept.
+    screenshot in the last user turn; earlier screens' texts are never kept. With
+    `cfg.task_position == "last"` the task text ends the last user turn instead of opening the
+    first.
     """
     if len(screenshots) != len(responses) + 1:
         raise ValueError(f"need len(screenshots) == len(responses) + 1, got {len(screenshots)} "
@@ -119,8 +128,9 @@ def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses
         return [{"type": "image", "image": screenshots[i]}] if i >= first_image else []
 
     task = TEMPLATES[cfg.template].format(language=cfg.language, instruction=instruction)
+    first = cfg.task_position == "first"
     messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
-                {"role": "user", "content": [{"type": "text", "text": task}] + image_turn(0)}]
+                {"role": "user", "content": [{"type": "text", "text": task}] * first + image_turn(0)}]
     for i, response in enumerate(responses):
         if i >= first_response:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": history_form(response)}]})
@@ -128,6 +138,8 @@ def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses
             messages.append({"role": "user", "content": image_turn(i + 1)})
     if cfg.screen_text and screen_text:
         messages[-1]["content"].append({"type": "text", "text": f"\nScreen elements:\n{screen_text}"})
+    if not first:
+        messages[-1]["content"].append({"type": "text", "text": f"\n{task}"})
     return messages
 
 

@@ -93,6 +93,21 @@ class TinySpec:
             raise ValueError("fullatt_block_indexes must index vision blocks")
 
 
+EVERYDAY_WORDS = (
+    "apple", "river", "cloud", "tiger", "maple", "stone", "piano", "ocean", "lemon", "ember",
+    "frost", "orbit", "cedar", "pearl", "delta", "quartz", "nova", "sable", "tulip", "zephyr",
+    "name", "city", "email", "code", "phone", "address", "country", "password", "user", "search",
+    "submit", "cancel", "save", "delete", "edit", "open", "close", "next", "back", "done",
+    "red", "green", "blue", "yellow", "purple", "orange", "black", "white", "gray", "pink",
+    "basic", "pro", "team", "enterprise", "free", "home", "file", "view", "help", "settings",
+    "paris", "london", "berlin", "tokyo", "madrid", "rome", "boston", "denver", "austin", "seattle",
+    "monday", "friday", "today", "morning", "evening", "january", "june", "march", "summer", "winter",
+    "alice", "bob", "carol", "david", "emma", "frank", "grace", "henry", "iris", "jack",
+    "book", "chair", "table", "window", "garden", "forest", "mountain", "island", "bridge", "castle",
+    "coffee", "bread", "cheese", "honey", "sugar", "water", "paper", "pencil", "camera", "guitar",
+)
+
+
 def _corpus() -> list[str]:
     """GUI-agent text the BPE is trained on: instructions, thoughts, actions, UI words."""
     from dart_jax.agent.prompt import COMPUTER_USE_PROMPT  # the one copy of the action space
@@ -109,6 +124,11 @@ def _corpus() -> list[str]:
             lines.append(f"Action: type(content='hello world {i}\\n')\nAction: scroll(start_box='({y},{x})', "
                          f"direction='down')\nAction: hotkey(key='ctrl c')\nAction: finished(content='done')")
     lines += ["The quick brown fox jumps over the lazy dog. 0123456789 !?.,;:'\"()[]{}<>@#$%^&*-+=_/\\|~`"]
+    # everyday words, lower-case and as UI labels, often enough that each becomes one token (a
+    # real tokenizer has them whole; spelled letter by letter, copying a word the instruction
+    # names into a type action is a per-letter lookup no tiny policy learns in minutes)
+    for w in EVERYDAY_WORDS:
+        lines += [f"Type \"{w}\" in the {w} field.", f"Label: \"{w.capitalize()}\". Value: {w}"] * 2
     return lines
 
 

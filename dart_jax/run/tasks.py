@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from dart_jax.config.loader import bounded
 from dart_jax.wire.messages import TaskSpec
@@ -11,12 +12,15 @@ from dart_jax.wire.messages import TaskSpec
 @dataclasses.dataclass(frozen=True)
 class TaskSuite:
     """Task instances of one backend: each name with seeds 0..train_seeds-1 for training
-    and eval_seed_base.. for evaluation (disjoint, so evaluation never sees a train seed)."""
+    and eval_seed_base.. for evaluation (disjoint, so evaluation never sees a train seed).
+    `config` goes to every task of the suite (the backend's settings, e.g. the synthetic
+    suite's `difficulty` and `words`; the env server checks them when it resets a task)."""
     backend: str
     names: tuple[str, ...]
     train_seeds: int = bounded(8, ge=0)
     eval_seeds: int = bounded(2, ge=0)
     eval_seed_base: int = bounded(10_000, ge=0)
+    config: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.eval_seeds and self.eval_seed_base < self.train_seeds:
@@ -25,8 +29,9 @@ class TaskSuite:
     def specs(self) -> list[TaskSpec]:
         seeds = [(s, "train") for s in range(self.train_seeds)]
         seeds += [(self.eval_seed_base + s, "eval") for s in range(self.eval_seeds)]
+        config = json.dumps(self.config, sort_keys=True) if self.config else ""
         return [TaskSpec(task_id=f"{self.backend}/{name}/{seed}", backend=self.backend, name=name,
-                         seed=seed, split=split) for name in self.names for seed, split in seeds]
+                         seed=seed, split=split, config=config) for name in self.names for seed, split in seeds]
 
 
 @dataclasses.dataclass(frozen=True)

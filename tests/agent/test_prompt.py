@@ -1,5 +1,6 @@
 """UI-TARS prompt ids equal transformers' processor(apply_chat_template(...)) input_ids."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -68,6 +69,23 @@ def test_screen_text_follows_the_current_screenshot_only_when_asked(t):
     assert render(msgs).count("Screen elements") == 1
     assert render(msgs).endswith(f"<|vision_end|>\nScreen elements:\n{elements}<|im_end|>\n<|im_start|>assistant\n")
     assert build_messages("Press OK.", shots, _responses(t), PromptConfig(screen_text=True)) == plain
+
+
+@pytest.mark.parametrize("t", [0, 3])
+def test_task_last_ends_the_current_turn_the_same_distance_before_every_response(t):
+    shots, elements = _screens(t + 1), '[1] button "OK" (10,20,60,24) point="(39,31)"'
+    cfg = PromptConfig(template="compact", screen_text=True, task_position="last", max_images=1)
+    msgs = build_messages("Press OK.", shots, _responses(t), cfg, elements)
+    text = render(msgs)
+    assert text.count("Task: Press OK.") == 1
+    assert text.endswith(f"\nScreen elements:\n{elements}\nTask: Press OK.\n<|im_end|>\n<|im_start|>assistant\n")
+    first = build_messages("Press OK.", shots, _responses(t), dataclasses.replace(cfg, task_position="first"),
+                           elements)
+    assert render(first).count("Task: Press OK.") == 1
+    assert not render(first).endswith("Task: Press OK.\n<|im_end|>\n<|im_start|>assistant\n")
+    assert _images_in(msgs) == _images_in(first) == shots[-1:]
+    with pytest.raises(ValueError, match="task_position"):
+        PromptConfig(task_position="middle")
 
 
 @pytest.mark.parametrize("t", [0, 1, 4, 5, 9])

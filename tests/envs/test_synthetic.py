@@ -5,13 +5,13 @@ import time
 import pytest
 
 from envs import actions, dom, oracle
-from envs.synthetic import TASKS, SyntheticEnv
-from envs.types import Action, Task
+from envs.synthetic import TASKS, WORDS, SyntheticEnv
+from envs.types import Action, Task, TaskError
 
 
-def _task(name: str, seed: int, difficulty: int = 1) -> Task:
+def _task(name: str, seed: int, difficulty: int = 1, **config) -> Task:
     return Task(id=f"synthetic/{name}/{seed}", backend="synthetic", name=name, seed=seed,
-                config={"difficulty": difficulty})
+                config={"difficulty": difficulty, **config})
 
 
 def run_oracle(env, task: Task, max_steps: int = 30) -> tuple[float, int]:
@@ -73,6 +73,25 @@ def test_unknown_task_and_difficulty_are_errors():
         SyntheticEnv().reset(_task("nope", 0))
     with pytest.raises(ValueError, match="difficulty"):
         SyntheticEnv(difficulty=4)
+
+
+def test_a_smaller_vocabulary_draws_only_its_words_and_the_oracle_still_solves_it():
+    env = SyntheticEnv()
+    words = {env.reset(_task("enter-text", seed, words=3)).instruction.split('"')[1] for seed in range(60)}
+    assert words == set(WORDS[:3])
+    assert env.reset(_task("enter-text", 5, words=len(WORDS))) == env.reset(_task("enter-text", 5))
+    assert all(run_oracle(env, _task("check-boxes", seed, 1, words=4))[0] == 1.0 for seed in range(10))
+
+
+@pytest.mark.parametrize("words", [0, len(WORDS) + 1, "4", True, 2.5])
+def test_a_vocabulary_outside_the_word_list_is_a_task_error(words):
+    with pytest.raises(TaskError, match="config.words"):
+        SyntheticEnv().reset(_task("enter-text", 0, words=words))
+
+
+def test_a_vocabulary_too_small_for_the_task_is_a_task_error():
+    with pytest.raises(TaskError, match="select-item/0"):
+        SyntheticEnv().reset(_task("select-item", 0, 1, words=5))  # 8 distinct list entries
 
 
 def test_latency_draws_are_heavy_tailed_seeded_and_capped():
