@@ -33,7 +33,10 @@ class EngineConfig:
     live model and swaps at the pause (one extra copy of the weights, pause of
     milliseconds), `inplace` reloads at the pause; `auto` is shadow on CPU, inplace on GPU.
     `pause`: `wait` lets in-flight requests finish before a swap (a response never mixes
-    versions), `keep` freezes them and marks the responses that straddle an update."""
+    versions) and clears the prefix cache; `keep` freezes them and marks the responses that
+    straddle an update, and keeps the cache (a request queued but not yet started before the
+    swap may reuse the old weights' prefix blocks: measure with `wait` where log-probs must
+    be exact)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = bounded(8192, ge=256)
     max_num_seqs: int = bounded(16, ge=1)

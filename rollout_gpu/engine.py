@@ -93,6 +93,8 @@ class Engine:
         self.load_mode = cfg.load if cfg.load != "auto" else ("shadow" if _on_cpu() else "inplace")
         self._ids = itertools.count()
         self._update_lock = asyncio.Lock()
+        self._live = asyncio.Event()  # cleared while an update holds the engine paused
+        self._live.set()
 
     @classmethod
     async def start(cls, hf_dir: str | Path, cfg: EngineConfig, sampling: SamplingConfig,
@@ -111,6 +113,7 @@ class Engine:
         """One response to `prompt`: the exact ids, their log-probs and their version."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+        await self._live.wait()  # a request queued during a swap would carry the old cache salt
         params = SamplingParams(
             temperature=self.sampling.temperature if temperature is None else temperature,
             max_tokens=self.sampling.max_tokens, logprobs=0, seed=seed,
@@ -136,7 +139,11 @@ class Engine:
             if state["state"] != "ready":
                 return SyncEvent(ann.version, started, 0.0, 0.0, ok=False, error=state["error"])
             paused = time.time()
-            await self.llm.pause_generation(mode=self.cfg.pause, clear_cache=False)
+            self._live.clear()
+            # `wait` drains every request, so the prefix cache can go: a request that entered
+            # the queue before the pause carries the old version's salt and would otherwise
+            # reuse the old weights' KV blocks after the swap (log-probs of neither policy)
+            await self.llm.pause_generation(mode=self.cfg.pause, clear_cache=self.cfg.pause == "wait")
             try:
                 await self.llm.collective_rpc("dart_commit_update")
                 await self.llm.reset_encoder_cache()  # the scheduler's record of it, too
@@ -144,6 +151,7 @@ class Engine:
                 self.version = ann.version
             finally:
                 await self.llm.resume_generation()
+                self._live.set()
             return SyncEvent(ann.version, started, paused, time.time(), ok=True)
 
     async def _pull(self, ann: WeightAnnounce, serve: WireConfig) -> dict:
