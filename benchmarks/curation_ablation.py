@@ -2,9 +2,11 @@
 piece added in turn, with the same seeds and the same RL budget per configuration.
 
     .venv/bin/python -m benchmarks.curation_ablation [--config configs/local.yaml] [--steps N] [--seed S]
+                                                     [--sft-run RUN_DIR]
 
 A `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy and its
-held-out success. Each configuration is then a run of phases [rl, eval] from that policy
+held-out success (or `--sft-run`: those phases of a finished run of the same config and seed,
+such as a `make run`, whose RL phase then is the `full` configuration's twin). Each configuration is then a run of phases [rl, eval] from that policy
 with the same tasks, demonstrations, seeds, trainer steps and evaluation episodes:
 
     plain GRPO           fixed max_rollouts per task, fixed step cap (default_max_steps), no
@@ -59,6 +61,19 @@ def one_run(config: Path, root: Path, name: str, extra: list[str]) -> dict:
     return summary
 
 
+def sft_summary(run_dir: Path) -> dict:
+    """The summary a finished `dart-jax run` wrote last (metrics/run.jsonl), which must hold its
+    SFT export and SFT evaluation; SystemExit naming what is missing otherwise."""
+    path = run_dir / "metrics" / "run.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    summary = json.loads(lines[-1]) if lines else {}
+    missing = [k for k in ("sft_export", "heldout_success_sft") if k not in summary]
+    if missing or not (run_dir / "eval" / "sft.json").is_file() or not (run_dir / "data" / "demos").is_dir():
+        raise SystemExit(f"--sft-run {run_dir}: not a finished run with demos, sft and eval phases "
+                         f"(missing: {', '.join(missing) or 'eval/sft.json or data/demos'})")
+    return summary
+
+
 def main() -> None:
     from dart_jax.config import load
     from dart_jax.run.evaluate import load_outcomes, paired_gain, wilson
@@ -67,6 +82,8 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's train.steps)")
     ap.add_argument("--seed", type=int, default=1, help="run.seed of every run")
+    ap.add_argument("--sft-run", type=Path, help="a finished run of the same config and seed whose demos, "
+                    "SFT policy and SFT evaluation every configuration starts from (default: run them)")
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_ablation_"))
@@ -74,12 +91,15 @@ def main() -> None:
     cfg = load(RunConfig, args.config, seed)
     steps = args.steps or cfg.train.steps
 
-    base = one_run(args.config, root, "sft", [*seed, "run.phases=[demos, sft, eval]"])
-    sft_eval = load_outcomes(root / "sft" / "eval" / "sft.json")
+    if args.sft_run:
+        base_dir, base = args.sft_run, sft_summary(args.sft_run)
+    else:
+        base_dir, base = root / "sft", one_run(args.config, root, "sft", [*seed, "run.phases=[demos, sft, eval]"])
+    sft_eval = load_outcomes(base_dir / "eval" / "sft.json")
     rows = [{"config": "SFT only", "success": base["heldout_success_sft"], "n": _sampled(sft_eval)[1],
              "ci95": list(wilson(*_sampled(sft_eval))), "gain": 0.0, "gain_ci95": [0.0, 0.0]}]
     common = [*seed, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
-              f"data.pool.import_paths=[{(root / 'sft' / 'data' / 'demos').resolve()}]"]
+              f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
     for i, (label, on) in enumerate(PIECES):
         name = f"ablation-{i}"
         one_run(args.config, root, name, [*common, *variant(cfg, on)])

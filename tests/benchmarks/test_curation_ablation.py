@@ -2,8 +2,11 @@
 override it writes is a real setting of the run config (the benchmark itself is a command)."""
 
 import dataclasses
+import json
 
-from benchmarks.curation_ablation import PIECES, variant
+import pytest
+
+from benchmarks.curation_ablation import PIECES, sft_summary, variant
 from dart_jax.config.loader import apply_overrides, from_dict
 from dart_jax.run.schema import RunConfig
 
@@ -26,3 +29,19 @@ def test_each_configuration_switches_on_one_more_piece():
     for i in range(1, len(got)):  # piece i switched on, the earlier ones stay on
         assert got[i] == plain[:i] + fixed[i:], (PIECES[i][0], got[i])
     assert got[-1] == plain  # full: every piece on
+
+
+def test_sft_run_is_read_from_a_finished_run_and_refused_when_it_lacks_the_sft_phases(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "data" / "demos").mkdir(parents=True)
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "metrics" / "run.jsonl").write_text(json.dumps({"step": 0, "heldout_success_sft": 0.2}) + "\n")
+    with pytest.raises(SystemExit, match="sft_export"):
+        sft_summary(tmp_path)
+    summary = {"step": 0, "heldout_success_sft": 0.2, "sft_export": str(tmp_path / "sft" / "export" / "step-4")}
+    with (tmp_path / "metrics" / "run.jsonl").open("a") as f:
+        f.write(json.dumps(summary) + "\n")
+    with pytest.raises(SystemExit, match="eval/sft.json"):
+        sft_summary(tmp_path)
+    (tmp_path / "eval" / "sft.json").write_text("{}")
+    assert sft_summary(tmp_path) == summary
