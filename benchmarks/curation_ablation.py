@@ -6,8 +6,9 @@ piece added in turn, with the same seeds and the same RL budget per configuratio
 
 A `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy and its
 held-out success (or `--sft-run`: those phases of a finished run of the same config and seed,
-such as a `make run`, whose RL phase then is the `full` configuration's twin). Each configuration is then a run of phases [rl, eval] from that policy
-with the same tasks, demonstrations, seeds, trainer steps and evaluation episodes:
+such as a `make run`, whose RL phase then is the `full` configuration's twin). Each
+configuration is then a run of phases [rl, eval] from that policy with the same tasks,
+demonstrations, seeds, trainer steps and evaluation episodes:
 
     plain GRPO           fixed max_rollouts per task, fixed step cap (default_max_steps), no
                          experience pool, every step trained, no truncated importance sampling
@@ -66,7 +67,10 @@ def sft_summary(run_dir: Path) -> dict:
     SFT export and SFT evaluation; SystemExit naming what is missing otherwise."""
     path = run_dir / "metrics" / "run.jsonl"
     lines = path.read_text().splitlines() if path.is_file() else []
-    summary = json.loads(lines[-1]) if lines else {}
+    try:
+        summary = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--sft-run {run_dir}: {path} does not end in a JSON summary ({e})") from None
     missing = [k for k in ("sft_export", "heldout_success_sft") if k not in summary]
     if missing or not (run_dir / "eval" / "sft.json").is_file() or not (run_dir / "data" / "demos").is_dir():
         raise SystemExit(f"--sft-run {run_dir}: not a finished run with demos, sft and eval phases "

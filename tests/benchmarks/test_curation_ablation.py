@@ -35,6 +35,9 @@ def test_sft_run_is_read_from_a_finished_run_and_refused_when_it_lacks_the_sft_p
     (tmp_path / "metrics").mkdir()
     (tmp_path / "data" / "demos").mkdir(parents=True)
     (tmp_path / "eval").mkdir()
+    (tmp_path / "metrics" / "run.jsonl").write_text('{"step": 0, "heldout_succ')  # a run killed mid-write
+    with pytest.raises(SystemExit, match="does not end in a JSON summary"):
+        sft_summary(tmp_path)
     (tmp_path / "metrics" / "run.jsonl").write_text(json.dumps({"step": 0, "heldout_success_sft": 0.2}) + "\n")
     with pytest.raises(SystemExit, match="sft_export"):
         sft_summary(tmp_path)
