@@ -93,10 +93,10 @@ class SyntheticEnv:
         if task.name not in TASKS:
             raise TaskError(f"unknown synthetic task {task.name!r} (known: {', '.join(TASKS)})")
         difficulty = int(task.config.get("difficulty", self.difficulty))
-        words = WORDS[:_vocabulary(task)]
+        page = Page(self.size[0], _x_span(task, self.size[0]), WORDS[:_vocabulary(task)])
         rng = random.Random(f"{task.name}:{difficulty}:{task.seed}")
         try:
-            scene = _GENERATORS[task.name](rng, difficulty, self.size[0], words)
+            scene = _GENERATORS[task.name](rng, difficulty, page)
         except ValueError as e:  # more distinct labels asked for than the vocabulary holds
             raise TaskError(f"task {task.id}: {e}") from None
         self.task, self.scene = task, scene
@@ -241,6 +241,17 @@ def _vocabulary(task: Task) -> int:
     return words
 
 
+def _x_span(task: Task, width: int) -> int:
+    """`config.x_span`: how far apart, in pixels, the left edges of a column's widgets may be
+    drawn (the whole screen's width by default; less makes where a widget lies more alike
+    from seed to seed, so a click that ignores the screen hits more often)."""
+    widest = width - 180
+    span = task.config.get("x_span", widest)
+    if isinstance(span, bool) or not isinstance(span, int) or not 0 <= span <= widest:
+        raise TaskError(f"task {task.id}: config.x_span must be an integer in 0..{widest}, got {span!r}")
+    return span
+
+
 def _wrap(text: str, width: int) -> str:
     lines, line = [], ""
     for word in text.split():
@@ -251,15 +262,25 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join([*lines, line][:2])
 
 
-# ---- task generators: (rng, difficulty, screen width, vocabulary) -> Scenario --------------------------
+# ---- task generators: (rng, difficulty, page) -> Scenario ------------------------------------------
 
-def _column(rng: random.Random, labels, role: str, difficulty: int, width: int, h: int = 24,
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """What a generator draws on: the screen's width, the horizontal span of a column's left
+    edges, and the vocabulary of words and labels."""
+    width: int
+    x_span: int
+    words: tuple[str, ...]
+
+
+def _column(rng: random.Random, labels, role: str, difficulty: int, x_span: int, h: int = 24,
             gap: int = 10, start: int = 10, page: int = 0, ref0: int = 1) -> list[Widget]:
-    """Widgets stacked down the page; harder levels spread them over more than a screen."""
+    """Widgets stacked down the page, each at a random x; harder levels spread them over more
+    than a screen."""
     spread = (0, 20, 60)[difficulty - 1]
     y, widgets = start, []
     for i, label in enumerate(labels):
-        x = rng.randint(10, max(10, width - 170))
+        x = 10 + rng.randint(0, x_span)
         widgets.append(Widget(ref0 + i, role, label, x, y, 150, h, page=page))
         y += h + gap + rng.randint(0, spread)
     return widgets
@@ -269,18 +290,18 @@ def _page_height(widgets: list[Widget]) -> int:
     return max(w.y + w.h for w in widgets) + 10
 
 
-def _gen_click_button(rng, difficulty, width, words) -> Scenario:
-    labels = rng.sample(words, 1 + 2 * difficulty)
-    widgets = _column(rng, [w.capitalize() for w in labels], "button", difficulty, width)
+def _gen_click_button(rng, difficulty, page) -> Scenario:
+    labels = rng.sample(page.words, 1 + 2 * difficulty)
+    widgets = _column(rng, [w.capitalize() for w in labels], "button", difficulty, page.x_span)
     target = rng.choice(widgets).label
     return Scenario(f'Click the "{target}" button.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_click_color(rng, difficulty, width, words) -> Scenario:
+def _gen_click_color(rng, difficulty, page) -> Scenario:
     """Tiles of 2 + 2 * difficulty colors in a shuffled two-column grid filling the page."""
     names = list(COLORS)[:2 + 2 * difficulty]
     rng.shuffle(names)
-    rows, tile_w = (len(names) + 1) // 2, (width - 30) // 2
+    rows, tile_w = (len(names) + 1) // 2, (page.width - 30) // 2
     tile_h = (250 - 10 * (rows + 1)) // rows
     widgets = [Widget(i + 1, "button", name, 10 + (i % 2) * (tile_w + 10), 10 + (i // 2) * (tile_h + 10),
                       tile_w, tile_h, fill=COLORS[name]) for i, name in enumerate(names)]
@@ -288,38 +309,38 @@ def _gen_click_color(rng, difficulty, width, words) -> Scenario:
     return Scenario(f'Click the "{target}" square.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_enter_text(rng, difficulty, width, words) -> Scenario:
-    word, fields = rng.choice(words), rng.sample(("Name", "City", "Email", "Code"), difficulty)
-    widgets = _column(rng, fields, "textbox", difficulty, width)
-    widgets += _column(rng, ["Submit"], "button", 1, width, start=_page_height(widgets), ref0=10)
+def _gen_enter_text(rng, difficulty, page) -> Scenario:
+    word, fields = rng.choice(page.words), rng.sample(("Name", "City", "Email", "Code"), difficulty)
+    widgets = _column(rng, fields, "textbox", difficulty, page.x_span)
+    widgets += _column(rng, ["Submit"], "button", 1, page.x_span, start=_page_height(widgets), ref0=10)
     target = rng.choice(fields)
     values = {f: (word if f == target else "") for f in fields}
     return Scenario(f'Type "{word}" into the "{target}" field and press Submit.', widgets,
                     {"values": values}, _page_height(widgets))
 
 
-def _gen_check_boxes(rng, difficulty, width, words) -> Scenario:
-    labels = rng.sample(words, 2 + 2 * difficulty)
+def _gen_check_boxes(rng, difficulty, page) -> Scenario:
+    labels = rng.sample(page.words, 2 + 2 * difficulty)
     wanted = set(rng.sample(labels, rng.randint(1, len(labels) - 1)))
-    widgets = _column(rng, labels, "checkbox", difficulty, width, h=20, gap=6)
-    widgets += _column(rng, ["Submit"], "button", 1, width, start=_page_height(widgets), ref0=20)
+    widgets = _column(rng, labels, "checkbox", difficulty, page.x_span, h=20, gap=6)
+    widgets += _column(rng, ["Submit"], "button", 1, page.x_span, start=_page_height(widgets), ref0=20)
     names = ", ".join(f'"{w}"' for w in labels if w in wanted)
     return Scenario(f"Select {names} and press Submit.", widgets, {"checked": wanted},
                     _page_height(widgets))
 
 
-def _gen_select_item(rng, difficulty, width, words) -> Scenario:
-    labels = rng.sample(words, 4 + 4 * difficulty)
+def _gen_select_item(rng, difficulty, page) -> Scenario:
+    labels = rng.sample(page.words, 4 + 4 * difficulty)
     widgets = [Widget(i + 1, "listitem", label, 20, 10 + 22 * i, 200, 22) for i, label in enumerate(labels)]
     target = rng.choice(labels)
     return Scenario(f'Select "{target}" from the list.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_form(rng, difficulty, width, words) -> Scenario:
-    name, plan = rng.choice(words).capitalize(), rng.choice(PLANS[:1 + difficulty])
+def _gen_form(rng, difficulty, page) -> Scenario:
+    name, plan = rng.choice(page.words).capitalize(), rng.choice(PLANS[:1 + difficulty])
     widgets = [Widget(1, "textbox", "Name", 20, 20, 200, 24), Widget(2, "button", "Next", 20, 60, 80, 24)]
-    widgets += _column(rng, PLANS[:1 + difficulty], "checkbox", 1, width, h=20, gap=6, page=1, ref0=3)
-    widgets += _column(rng, ["Submit"], "button", 1, width, start=_page_height(widgets), page=1, ref0=9)
+    widgets += _column(rng, PLANS[:1 + difficulty], "checkbox", 1, page.x_span, h=20, gap=6, page=1, ref0=3)
+    widgets += _column(rng, ["Submit"], "button", 1, page.x_span, start=_page_height(widgets), page=1, ref0=9)
     return Scenario(f'Sign up with the name "{name}" and the plan "{plan}", then submit.', widgets,
                     {"values": {"Name": name}, "checked": {plan}, "exclusive": True},
                     _page_height(widgets))

@@ -89,6 +89,25 @@ def test_a_vocabulary_outside_the_word_list_is_a_task_error(words):
         SyntheticEnv().reset(_task("enter-text", 0, words=words))
 
 
+def test_x_span_narrows_where_widgets_lie_and_the_oracle_still_solves_it():
+    env = SyntheticEnv()
+    assert env.reset(_task("enter-text", 7, x_span=220)) == env.reset(_task("enter-text", 7))
+    lefts = set()
+    for seed in range(40):
+        env.reset(_task("enter-text", seed, x_span=30))
+        lefts |= {w.x for w in env.scene.widgets}
+        assert run_oracle(env, _task("enter-text", seed, x_span=30))[0] == 1.0
+    assert min(lefts) == 10 and max(lefts) == 40
+    env.reset(_task("enter-text", 3, x_span=0))
+    assert {w.x for w in env.scene.widgets} == {10}
+
+
+@pytest.mark.parametrize("span", [-1, 221, "100", True, 50.0])
+def test_an_x_span_off_the_screen_is_a_task_error(span):
+    with pytest.raises(TaskError, match="config.x_span"):
+        SyntheticEnv().reset(_task("enter-text", 0, x_span=span))
+
+
 def test_a_vocabulary_too_small_for_the_task_is_a_task_error():
     with pytest.raises(TaskError, match="select-item/0"):
         SyntheticEnv().reset(_task("select-item", 0, 1, words=5))  # 8 distinct list entries
