@@ -45,4 +45,16 @@ class JobConfig:
     demo_concurrency: int = bounded(4, ge=1)
 
     def tasks(self) -> list[TaskSpec]:
-        return [spec for suite in self.suites for spec in suite.specs()]
+        """Every task, train before eval, the task lists of all suites and names interleaved
+        in proportion to their lengths. The scheduler hands out untried tasks in list order,
+        so a run shorter than one pass over the train tasks still trains on every suite."""
+        streams = [[s for s in suite.specs() if s.name == name] for suite in self.suites for name in suite.names]
+        return [spec for split in ("train", "eval")
+                for spec in _interleave([[s for s in stream if s.split == split] for stream in streams])]
+
+
+def _interleave(streams: list[list[TaskSpec]]) -> list[TaskSpec]:
+    """The streams merged so that each one's i-th item sits at the fraction (i + 1/2) / len of
+    the whole (ties: the earlier stream first)."""
+    ranked = [((i + 0.5) / len(stream), k, i) for k, stream in enumerate(streams) for i in range(len(stream))]
+    return [streams[k][i] for _, k, i in sorted(ranked)]
