@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Sequence
 
 import numpy as np
 
 from dart_jax.agent.prompt import Prompt, PromptBuilder
-from dart_jax.wire import WireConfig
+from dart_jax.wire import RemoteError, WireConfig
 from dart_jax.wire.messages import EnvObservation, TaskSpec, Trajectory
 from envs import oracle
-from dart_jax.wire.env_client import EnvClient
+from dart_jax.wire.env_client import EnvClient, EnvSession
 from envs.types import Observation
 from rollout_gpu.episode import Sample, run_episode
 
@@ -43,19 +44,39 @@ class OraclePolicy:
 
 
 async def collect(env_wire: WireConfig, tasks: Sequence[TaskSpec], builder: PromptBuilder, *,
-                  max_steps: int, concurrency: int) -> list[Trajectory]:
-    """One oracle episode per task; returns every trajectory (successes and the rest)."""
+                  max_steps: int, concurrency: int, slot_wait_s: float = 600.0) -> list[Trajectory]:
+    """One oracle episode per task; returns every trajectory (successes and the rest).
+
+    A task whose backend has no free slot goes back to the end of the queue and the session
+    plays the next one, so a backend whose few slots stay leased (an episode stuck until the
+    env server's deadline, a slot held until its lease is reaped) holds up only its own tasks;
+    a task that finds no slot for `slot_wait_s` in all raises the env server's `unavailable`."""
     queue: asyncio.Queue[TaskSpec] = asyncio.Queue()
     for task in tasks:
         queue.put_nowait(task)
     client = EnvClient(env_wire, client_id="demos")
     policy = OraclePolicy(builder)
     done: list[Trajectory] = []
+    first_try: dict[str, float] = {}
+
+    async def lease(task: TaskSpec) -> EnvSession | None:
+        """A slot for `task`, or None when its backend is busy and the task was put back."""
+        try:
+            return await client.acquire(task.backend, wait_s=1.0)
+        except RemoteError as e:
+            waited = time.monotonic() - first_try.setdefault(task.task_id, time.monotonic())
+            if e.code != "unavailable" or waited > slot_wait_s:
+                raise
+        queue.put_nowait(task)
+        await asyncio.sleep(0.05)
+        return None
 
     async def worker() -> None:
         while not queue.empty():
             task = queue.get_nowait()
-            async with await client.acquire(task.backend) as env:
+            if (session := await lease(task)) is None:
+                continue
+            async with session as env:
                 traj = await run_episode(env, task, policy, builder, max_steps=max_steps,
                                          worker_id="demos", source="demo")
                 log.info("demo %s: %s reward %.2f in %d steps", task.task_id, traj.status,
