@@ -86,11 +86,13 @@ class EnvClient:
             await asyncio.sleep(period_s)
             if not self.sessions:
                 continue
+            asked = list(self.sessions)  # a lease taken while the ack is on its way is not in it
             with contextlib.suppress(WireTimeout, RemoteError):
-                ack = await self.wire.request(EnvHeartbeat(lease_ids=list(self.sessions)), timeout_s=period_s)
-                for lease_id in set(self.sessions) - set(ack.alive):
-                    log.warning("lease %s was reclaimed by the env server", lease_id[:12])
-                    self.sessions.pop(lease_id).lost = True
+                ack = await self.wire.request(EnvHeartbeat(lease_ids=asked), timeout_s=period_s)
+                for lease_id in set(asked) - set(ack.alive):
+                    if (session := self.sessions.pop(lease_id, None)) is not None:  # not released meanwhile
+                        log.warning("lease %s was reclaimed by the env server", lease_id[:12])
+                        session.lost = True
 
     async def aclose(self) -> None:
         for session in list(self.sessions.values()):

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from dart_jax.wire import RemoteError
+from dart_jax.wire.messages import EnvHeartbeat
 from envs.config import SyntheticSlots
 from envs.synthetic import TASKS
 
@@ -206,6 +207,40 @@ def test_a_killed_client_loses_its_slot(env_server):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_lease_taken_while_a_heartbeat_is_in_flight_is_not_taken_for_lost(env_server):
+    """The ack names only the leases the heartbeat asked about. An episode that ends and a next
+    one that leases the slot before the ack is read must keep its lease: marked lost, its
+    release would be skipped and the slot held until the server reaps it (which stalled the
+    demos of `make run`: one MiniWoB slot, six sessions)."""
+    _, endpoint = env_server(SyntheticSlots(count=1), lease_s=0.6)
+
+    async def main():
+        c, other = client(endpoint), client(endpoint)
+        first, nxt = await c.acquire(), []
+        heartbeat = c.wire.request
+
+        async def request(msg, timeout_s=None):
+            reply = await heartbeat(msg, timeout_s)
+            if isinstance(msg, EnvHeartbeat) and not nxt:
+                await first.release()
+                nxt.append(await c.acquire(wait_s=0.0))
+            return reply
+
+        c.wire.request = request
+        while not nxt:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # the ack read, and one more heartbeat
+        lost, kept = nxt[0].lost, nxt[0].lease_id in c.sessions
+        await nxt[0].release()
+        freed = await other.acquire(wait_s=0.0)  # the release reached the server
+        await freed.release()
+        await c.aclose()
+        await other.aclose()
+        return lost, kept
+
+    assert run(main()) == (False, True)
 
 
 def test_slot_busy_counts_only_the_window_and_calls_in_progress():
