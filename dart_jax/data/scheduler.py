@@ -89,9 +89,13 @@ class Scheduler:
 
     def _trainable(self, pending: dict[str, int], live: dict[str, int], latest_version: int) -> int:
         """Pending rollouts that count against `max_pending`: all in flight, and the unused ones
-        of tasks that can form a group (a task still waiting for a success holds none back:
-        without the experience pool its group needs more rollouts, not fewer)."""
-        waiting = self.store.waiting_tasks(latest_version - self.cfg.max_staleness, self.cfg.experience_pool)
+        of tasks that can form a group. A task still waiting for a success (without the
+        experience pool) or for a failure (all its rollouts succeeded) holds none back: its
+        rollouts wait for more of their task, and counting them would stall the run once a
+        good policy has left `max_pending` of them, the trainer waiting for groups and the
+        workers for the trainer."""
+        waiting = self.store.waiting_tasks(latest_version - self.cfg.max_staleness, self.cfg.experience_pool,
+                                           all_success_waits=not self.cfg.keep_all_success_groups)
         return sum(live.get(t, 0) if t in waiting else n for t, n in pending.items())
 
     def _barrier(self, latest_version: int, worker_version: int | None) -> NoTask | None:

@@ -285,13 +285,15 @@ class Store:
             " AND status != 'env_error' AND min_version >= ? GROUP BY task_id", (min_version,))
         return dict(rows.fetchall())
 
-    def waiting_tasks(self, min_version: int, pool: bool) -> set[str]:
+    def waiting_tasks(self, min_version: int, pool: bool, all_success_waits: bool = True) -> set[str]:
         """Tasks whose unused fresh rollouts cannot form a group yet: no success among them,
-        and none in the task's experience pool to lend (or `pool` off)."""
+        and none in the task's experience pool to lend (or `pool` off); or, with
+        `all_success_waits`, no failure among them (a group without one has no signal)."""
+        no_success = "max(success) = 0" + (" AND task_id NOT IN (SELECT task_id FROM pool)" if pool else "")
         rows = self._r.execute(
             "SELECT task_id FROM trajectories WHERE used_batch IS NULL AND source = 'rollout'"
-            " AND status != 'env_error' AND min_version >= ? GROUP BY task_id HAVING max(success) = 0"
-            + (" AND task_id NOT IN (SELECT task_id FROM pool)" if pool else ""), (min_version,))
+            " AND status != 'env_error' AND min_version >= ? GROUP BY task_id HAVING (" + no_success + ")"
+            + (" OR min(success) = 1" if all_success_waits else ""), (min_version,))
         return {r[0] for r in rows}
 
     # ---- batches and versions ---------------------------------------------------------------

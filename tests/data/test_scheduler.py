@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from dart_jax.data.config import CurationConfig
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import Store
@@ -72,6 +74,26 @@ def test_the_runs_pending_cap_holds_every_task_back(store):
         w.execute("INSERT INTO batches VALUES (1, 0, 0, 1, 8, 0)")
         w.execute("UPDATE trajectories SET used_batch = 1")
     assert isinstance(sched.next(0), NoTask)
+
+
+@pytest.mark.parametrize("keep_all_success", [False, True])
+def test_all_success_rollouts_hold_nothing_back_while_their_group_waits_for_a_failure(store, keep_all_success):
+    """A good policy leaves tasks whose rollouts all succeeded: their group waits for a
+    failure, so counting them against `max_pending` would stall the run (the trainer waiting
+    for groups, the workers for the trainer: make run seed 2 at 86% success)."""
+    cfg = dataclasses.replace(CFG, max_pending_per_task=8, max_pending=12, experience_pool=False,
+                              keep_all_success_groups=keep_all_success)
+    sched = Scheduler(store, cfg, clock=Clock())
+    sched.tasks = sched.tasks[:3]
+    assert sched.next(0).task.task_id == "t0" and sched.next(0).task.task_id == "t1"
+    for i in range(8):
+        put(store, make_trajectory(f"r{i}", "t0", success=True))
+        sched.on_ingested("t0")
+    nxt = sched.next(0)
+    if keep_all_success:  # the group can go into a batch as it is: 8 + 8 in flight count
+        assert isinstance(nxt, NoTask) and "max_pending 12" in nxt.reason
+    else:
+        assert nxt.task.task_id == "t2"
 
 
 def test_in_flight_assignments_expire(store):
