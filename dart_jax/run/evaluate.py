@@ -177,8 +177,10 @@ def resolve_policy(run, policy: Path, label: str) -> Path:
 
 def main(cfg, run, policy: Path | None, label: str) -> dict:
     """Evaluate `policy` (default: the config's) on the run's eval tasks; write and return
-    the result (run/eval/<label>.json)."""
+    the result (run/eval/<label>.json). `run.seed` reaches the evaluation's seed as in
+    `dart-jax run`, so the same seed replays the run's sampled episodes."""
     from dart_jax.data.tasks import load_tasks
+    cfg = cfg.seeded()
     policy_dir = resolve_policy(run, policy, label) if policy else run.policy_dir(cfg.policy.hf_dir)
     tasks = load_tasks(cfg.data.tasks, run.root)
     if not any(t.split == "eval" for t in tasks):
