@@ -93,10 +93,10 @@ class SyntheticEnv:
         if task.name not in TASKS:
             raise TaskError(f"unknown synthetic task {task.name!r} (known: {', '.join(TASKS)})")
         difficulty = int(task.config.get("difficulty", self.difficulty))
-        page = Page(self.size[0], _x_span(task, self.size[0]), WORDS[:_vocabulary(task)])
+        layout = Layout(self.size[0], _x_span(task, self.size[0]), WORDS[:_vocabulary(task)])
         rng = random.Random(f"{task.name}:{difficulty}:{task.seed}")
         try:
-            scene = _GENERATORS[task.name](rng, difficulty, page)
+            scene = _GENERATORS[task.name](rng, difficulty, layout)
         except ValueError as e:  # more distinct labels asked for than the vocabulary holds
             raise TaskError(f"task {task.id}: {e}") from None
         self.task, self.scene = task, scene
@@ -235,21 +235,21 @@ class SyntheticEnv:
 def _vocabulary(task: Task) -> int:
     """`config.words`: how many of WORDS the task draws its words and labels from (all by
     default; fewer makes the word a choice among a few rather than a copy of any)."""
-    words = task.config.get("words", len(WORDS))
-    if isinstance(words, bool) or not isinstance(words, int) or not 1 <= words <= len(WORDS):
-        raise TaskError(f"task {task.id}: config.words must be an integer in 1..{len(WORDS)}, got {words!r}")
-    return words
+    return _int_setting(task, "words", len(WORDS), 1, len(WORDS))
 
 
 def _x_span(task: Task, width: int) -> int:
     """`config.x_span`: how far apart, in pixels, the left edges of a column's widgets may be
     drawn (the whole screen's width by default; less makes where a widget lies more alike
     from seed to seed, so a click that ignores the screen hits more often)."""
-    widest = width - 180
-    span = task.config.get("x_span", widest)
-    if isinstance(span, bool) or not isinstance(span, int) or not 0 <= span <= widest:
-        raise TaskError(f"task {task.id}: config.x_span must be an integer in 0..{widest}, got {span!r}")
-    return span
+    return _int_setting(task, "x_span", width - 180, 0, width - 180)
+
+
+def _int_setting(task: Task, key: str, default: int, lo: int, hi: int) -> int:
+    value = task.config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise TaskError(f"task {task.id}: config.{key} must be an integer in {lo}..{hi}, got {value!r}")
+    return value
 
 
 def _wrap(text: str, width: int) -> str:
@@ -262,10 +262,10 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join([*lines, line][:2])
 
 
-# ---- task generators: (rng, difficulty, page) -> Scenario ------------------------------------------
+# ---- task generators: (rng, difficulty, layout) -> Scenario ----------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class Page:
+class Layout:
     """What a generator draws on: the screen's width, the horizontal span of a column's left
     edges, and the vocabulary of words and labels."""
     width: int
@@ -290,18 +290,18 @@ def _page_height(widgets: list[Widget]) -> int:
     return max(w.y + w.h for w in widgets) + 10
 
 
-def _gen_click_button(rng, difficulty, page) -> Scenario:
-    labels = rng.sample(page.words, 1 + 2 * difficulty)
-    widgets = _column(rng, [w.capitalize() for w in labels], "button", difficulty, page.x_span)
+def _gen_click_button(rng, difficulty, layout) -> Scenario:
+    labels = rng.sample(layout.words, 1 + 2 * difficulty)
+    widgets = _column(rng, [w.capitalize() for w in labels], "button", difficulty, layout.x_span)
     target = rng.choice(widgets).label
     return Scenario(f'Click the "{target}" button.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_click_color(rng, difficulty, page) -> Scenario:
+def _gen_click_color(rng, difficulty, layout) -> Scenario:
     """Tiles of 2 + 2 * difficulty colors in a shuffled two-column grid filling the page."""
     names = list(COLORS)[:2 + 2 * difficulty]
     rng.shuffle(names)
-    rows, tile_w = (len(names) + 1) // 2, (page.width - 30) // 2
+    rows, tile_w = (len(names) + 1) // 2, (layout.width - 30) // 2
     tile_h = (250 - 10 * (rows + 1)) // rows
     widgets = [Widget(i + 1, "button", name, 10 + (i % 2) * (tile_w + 10), 10 + (i // 2) * (tile_h + 10),
                       tile_w, tile_h, fill=COLORS[name]) for i, name in enumerate(names)]
@@ -309,38 +309,38 @@ def _gen_click_color(rng, difficulty, page) -> Scenario:
     return Scenario(f'Click the "{target}" square.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_enter_text(rng, difficulty, page) -> Scenario:
-    word, fields = rng.choice(page.words), rng.sample(("Name", "City", "Email", "Code"), difficulty)
-    widgets = _column(rng, fields, "textbox", difficulty, page.x_span)
-    widgets += _column(rng, ["Submit"], "button", 1, page.x_span, start=_page_height(widgets), ref0=10)
+def _gen_enter_text(rng, difficulty, layout) -> Scenario:
+    word, fields = rng.choice(layout.words), rng.sample(("Name", "City", "Email", "Code"), difficulty)
+    widgets = _column(rng, fields, "textbox", difficulty, layout.x_span)
+    widgets += _column(rng, ["Submit"], "button", 1, layout.x_span, start=_page_height(widgets), ref0=10)
     target = rng.choice(fields)
     values = {f: (word if f == target else "") for f in fields}
     return Scenario(f'Type "{word}" into the "{target}" field and press Submit.', widgets,
                     {"values": values}, _page_height(widgets))
 
 
-def _gen_check_boxes(rng, difficulty, page) -> Scenario:
-    labels = rng.sample(page.words, 2 + 2 * difficulty)
+def _gen_check_boxes(rng, difficulty, layout) -> Scenario:
+    labels = rng.sample(layout.words, 2 + 2 * difficulty)
     wanted = set(rng.sample(labels, rng.randint(1, len(labels) - 1)))
-    widgets = _column(rng, labels, "checkbox", difficulty, page.x_span, h=20, gap=6)
-    widgets += _column(rng, ["Submit"], "button", 1, page.x_span, start=_page_height(widgets), ref0=20)
+    widgets = _column(rng, labels, "checkbox", difficulty, layout.x_span, h=20, gap=6)
+    widgets += _column(rng, ["Submit"], "button", 1, layout.x_span, start=_page_height(widgets), ref0=20)
     names = ", ".join(f'"{w}"' for w in labels if w in wanted)
     return Scenario(f"Select {names} and press Submit.", widgets, {"checked": wanted},
                     _page_height(widgets))
 
 
-def _gen_select_item(rng, difficulty, page) -> Scenario:
-    labels = rng.sample(page.words, 4 + 4 * difficulty)
+def _gen_select_item(rng, difficulty, layout) -> Scenario:
+    labels = rng.sample(layout.words, 4 + 4 * difficulty)
     widgets = [Widget(i + 1, "listitem", label, 20, 10 + 22 * i, 200, 22) for i, label in enumerate(labels)]
     target = rng.choice(labels)
     return Scenario(f'Select "{target}" from the list.', widgets, {"label": target}, _page_height(widgets))
 
 
-def _gen_form(rng, difficulty, page) -> Scenario:
-    name, plan = rng.choice(page.words).capitalize(), rng.choice(PLANS[:1 + difficulty])
+def _gen_form(rng, difficulty, layout) -> Scenario:
+    name, plan = rng.choice(layout.words).capitalize(), rng.choice(PLANS[:1 + difficulty])
     widgets = [Widget(1, "textbox", "Name", 20, 20, 200, 24), Widget(2, "button", "Next", 20, 60, 80, 24)]
-    widgets += _column(rng, PLANS[:1 + difficulty], "checkbox", 1, page.x_span, h=20, gap=6, page=1, ref0=3)
-    widgets += _column(rng, ["Submit"], "button", 1, page.x_span, start=_page_height(widgets), page=1, ref0=9)
+    widgets += _column(rng, PLANS[:1 + difficulty], "checkbox", 1, layout.x_span, h=20, gap=6, page=1, ref0=3)
+    widgets += _column(rng, ["Submit"], "button", 1, layout.x_span, start=_page_height(widgets), page=1, ref0=9)
     return Scenario(f'Sign up with the name "{name}" and the plan "{plan}", then submit.', widgets,
                     {"values": {"Name": name}, "checked": {plan}, "exclusive": True},
                     _page_height(widgets))
