@@ -36,6 +36,7 @@ each: train/packing.py plans them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -104,11 +105,23 @@ def build_batch(collator: Collator, trajectories: Sequence[Trajectory], screens:
     return collator.collate_rows([[next(examples) for _ in row] for row in rows], bucket, groups=groups, trajs=trajs)
 
 
+def content_key(t: Trajectory) -> tuple[str, bytes]:
+    """A trajectory's place in an offline data set: its task, then a digest of what training
+    reads from it (token ids and screenshots), never its id, file name or timings."""
+    h = hashlib.sha256()
+    for part in [x for st in t.steps for x in (st.prompt_ids.tobytes(), st.response_ids.tobytes())] + t.screenshots:
+        h.update(len(part).to_bytes(8, "little") + part)
+    return t.task_id, h.digest()
+
+
 class TrajectoryFileSource:
     """Steps of a *.traj directory or a JSONL file, shuffled by seed, in bucketed batches.
 
-    The steps `keep` accepts are indexed once (too large for every bucket: dropped and counted
-    in `dropped`); the order is a grain global shuffle, reshuffled each epoch (`num_epochs`
+    The trajectories are put in content order first (`content_key`), so the data order is a
+    function of the data and `seed`, not of file names: a run's demonstrations are files named
+    by random trajectory ids. The steps `keep` accepts are indexed once (too large for every
+    bucket: dropped and counted in `dropped`); the order is a grain global shuffle, reshuffled
+    each epoch (`num_epochs`
     None: forever). Iterate for a grain DatasetIterator whose get_state/set_state is the
     exact position. `read_threads` build batches ahead of the train step.
     """
@@ -117,7 +130,7 @@ class TrajectoryFileSource:
                  seed: int = 0, num_epochs: int | None = None, shard: tuple[int, int] | None = None,
                  read_threads: int = 2, prefetch: int = 4, screen_cache_bytes: int = SCREEN_CACHE_BYTES):
         self.collator, self.screen_cache_bytes = collator, screen_cache_bytes
-        self.trajectories = list(read_trajectories(Path(path)))
+        self.trajectories = sorted(read_trajectories(Path(path)), key=content_key)
         self.screens = InlineScreens(self.trajectories)
         self.shard = shard or host_shard()
         refs = step_refs(self.trajectories, self.screens, collator, keep)

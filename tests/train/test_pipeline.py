@@ -7,6 +7,7 @@ import json
 import threading
 
 import jax
+import msgspec
 import numpy as np
 import pytest
 
@@ -22,6 +23,7 @@ from dart_jax.train.pipeline import DataManagerSource, TrajectoryFileSource, pla
 from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache
 from dart_jax.wire import Client
 from dart_jax.wire.messages import BatchRequest, SubmitTrajectory
+from dart_jax.wire.trajfiles import write_trajectories
 from tests.train.trajectories import assert_trees_equal, collator, plan_inline, trajectory
 
 
@@ -73,6 +75,17 @@ def test_file_source_drops_and_counts_steps_no_bucket_holds(files, trajs, tiny_d
     assert (source.dropped, small.dropped, len(source.refs)) == (too_big, too_big, len(shapes) - too_big)
     batch = next(iter(source))
     assert batch.inputs.pixel_values.shape[1] == 768
+
+
+def test_file_source_order_follows_content_not_file_names(trajs, tiny_dir, tmp_path):
+    """The same demonstrations under other random ids (file names) give the same batches."""
+    renamed = [msgspec.structs.replace(t, traj_id=f"{9 - i}-{t.traj_id}") for i, t in enumerate(trajs)]
+    write_trajectories(tmp_path / "first", trajs, "traj")
+    write_trajectories(tmp_path / "renamed", renamed, "traj")
+    a, b = (iter(TrajectoryFileSource(tmp_path / d, collator(tiny_dir, 2), seed=4, shard=(0, 1), read_threads=0))
+            for d in ("first", "renamed"))
+    for _ in range(4):
+        assert_trees_equal(next(a), next(b))
 
 
 def test_host_shards_split_one_global_batch(files, tiny_dir):
