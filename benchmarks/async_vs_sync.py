@@ -100,6 +100,8 @@ def main() -> None:
                     help="rollouts pending at most (in flight or unused; 0: no cap): how far the fleet may run ahead")
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
+    from dart_jax.run.main import stop_on_sigterm
+    stop_on_sigterm()  # killed, its runs' roles go with it
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_async_sync_"))
     a, s = run_mode(args, root, "async"), run_mode(args, root, "sync")
     print(json.dumps({

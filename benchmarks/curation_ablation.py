@@ -81,6 +81,7 @@ def sft_summary(run_dir: Path) -> dict:
 def main() -> None:
     from dart_jax.config import load
     from dart_jax.run.evaluate import load_outcomes, paired_gain, wilson
+    from dart_jax.run.main import stop_on_sigterm
     from dart_jax.run.schema import RunConfig
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
@@ -90,6 +91,7 @@ def main() -> None:
                     "SFT policy and SFT evaluation every configuration starts from (default: run them)")
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
+    stop_on_sigterm()  # killed, its runs' roles go with it (a stalled configuration is killed by hand)
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_ablation_"))
     seed = [f"run.seed={args.seed}"]
     cfg = load(RunConfig, args.config, seed)

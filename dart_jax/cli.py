@@ -11,7 +11,6 @@ trainer never loads torch. A bad config or argument prints one line and exits 2.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import Callable
@@ -77,9 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dart_jax.run import main
     cfg = _load_run_config(args)
     logs.setup("run", Path(cfg.run.root) / cfg.run.name / "logs" / "run.log", cfg.run.log_level)
-    # SIGTERM (kill, a batch scheduler, a test's cleanup) unwinds like Ctrl-C: the supervisor
-    # stops every role's process group (a rollout worker's vLLM engine included) on its way out
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    main.stop_on_sigterm()
     try:
         print(json.dumps(main.run(cfg)))
     except main.RunFailed as e:

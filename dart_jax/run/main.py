@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import signal
 import subprocess
 import sys
 import time
@@ -128,6 +129,13 @@ def gain(run: RunDir, labels: list[str]) -> dict:
     first, last = (load_outcomes(run.root / "eval" / f"{label}.json") for label in (labels[0], labels[-1]))
     sampled = paired_gain([o for o in first if o.mode == "sampled"], [o for o in last if o.mode == "sampled"])
     return {"heldout_gain": sampled["gain"], "heldout_gain_ci95": sampled["ci95"], "heldout_pairs": sampled["n"]}
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (kill, a batch scheduler, a test's cleanup) unwind like Ctrl-C, so that a
+    program running `run` stops every role's process group (a rollout worker's vLLM engine
+    included) on its way out instead of leaving them orphaned. Call from the main thread."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def run(cfg: RunConfig) -> dict:

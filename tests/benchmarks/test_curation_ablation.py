@@ -3,7 +3,13 @@ override it writes is a real setting of the run config (the benchmark itself is 
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from benchmarks.curation_ablation import PIECES, sft_summary, variant
@@ -48,3 +54,45 @@ def test_sft_run_is_read_from_a_finished_run_and_refused_when_it_lacks_the_sft_p
         sft_summary(tmp_path)
     (tmp_path / "eval" / "sft.json").write_text("{}")
     assert sft_summary(tmp_path) == summary
+
+
+@pytest.mark.slow
+def test_a_killed_ablation_takes_its_runs_roles_with_it(tmp_path):
+    """SIGTERM to the benchmark (a stalled configuration is killed by hand) unwinds its run:
+    the data manager and env server it started are stopped, not left orphaned."""
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "benchmarks.curation_ablation", "--config", "configs/rl.yaml", "--work", str(tmp_path)]
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    roles: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(roles := _roles(proc.pid)) < 2:  # the demos phase: data manager and env server up
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "no data manager and env server in 120 s"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+        gone, alive = psutil.wait_procs(roles, timeout=60)
+        assert (code, [p.pid for p in alive]) == (128 + signal.SIGTERM, [])
+    finally:  # leave nothing behind for the next test, whatever failed
+        for p in [*roles, psutil.Process(proc.pid)] if proc.poll() is None else roles:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _roles(pid: int) -> list[psutil.Process]:
+    """The role processes (`dart_jax.cli data-manager|env-server ...`) under process `pid`."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for p in procs:
+        try:
+            if any(role in p.cmdline() for role in ("data-manager", "env-server")):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
