@@ -15,6 +15,7 @@ import pytest
 from benchmarks.curation_ablation import PIECES, sft_summary, variant
 from dart_jax.config.loader import apply_overrides, from_dict
 from dart_jax.run.schema import RunConfig
+from tests.procs import descendants
 
 
 def _resolved(base: RunConfig, overrides: list[str]) -> RunConfig:
@@ -84,15 +85,11 @@ def test_a_killed_ablation_takes_its_runs_roles_with_it(tmp_path):
 
 def _roles(pid: int) -> list[psutil.Process]:
     """The role processes (`dart_jax.cli data-manager|env-server ...`) under process `pid`."""
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
     out = []
-    for p in procs:
+    for p in descendants(pid):
         try:
             if any(role in p.cmdline() for role in ("data-manager", "env-server")):
                 out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.NoSuchProcess:
             continue
     return out

@@ -10,15 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.procs import descendants
+
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run_tree(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
 
 
 def test_sigterm_stops_every_role_and_engine(tmp_path):
@@ -32,27 +27,18 @@ def test_sigterm_stops_every_role_and_engine(tmp_path):
     try:
         deadline = time.monotonic() + 300
         while not any("VLLM" in " ".join(p.cmdline() or [p.name()]) or p.name().startswith("VLLM")
-                      for p in _safe(_run_tree(proc.pid))):  # every role up, the worker's engine starting
+                      for p in descendants(proc.pid)):  # every role up, the worker's engine starting
             assert proc.poll() is None, proc.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "no vLLM engine in 300 s"
             time.sleep(0.5)
-        tree = _run_tree(proc.pid)
+        tree = descendants(proc.pid)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:  # the run did not stop: take it and its roles down
-            for p in [*_run_tree(proc.pid), proc]:
+            for p in [*descendants(proc.pid), proc]:
                 p.kill()
     gone, alive = psutil.wait_procs(tree, timeout=60)
     for p in alive:  # leave nothing behind for the next test, then fail
         p.kill()
     assert not alive, [p.pid for p in alive]
-
-
-def _safe(procs):
-    for p in procs:
-        try:
-            p.cmdline()
-            yield p
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
