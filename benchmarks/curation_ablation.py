@@ -2,7 +2,7 @@
 piece added in turn, with the same seeds and the same RL budget per configuration.
 
     .venv/bin/python -m benchmarks.curation_ablation [--config configs/local.yaml] [--steps N] [--seed S]
-                                                     [--sft-run RUN_DIR]
+                                                     [--sft-run RUN_DIR] [--batch-wait-s S]
 
 A `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy and its
 held-out success (or `--sft-run`: those phases of a finished run of the same config and seed,
@@ -18,8 +18,13 @@ demonstrations, seeds, trainer steps and evaluation episodes:
     + TIS                truncated importance sampling against the engine's log-probs
     full                 + the experience pool (a group without a success takes a stored one)
 
-Printed as DART's ablation table (held-out success with Wilson 95% intervals, and the gain
-over SFT paired over the same eval episodes) and as JSON on the last line.
+A configuration whose trainer gets no batch for `--batch-wait-s` seconds (its rollouts give
+nothing to learn from: every group failed and no pool fills in) stops at the step it
+reached and is evaluated there; its row says so.
+
+Printed as DART's ablation table (RL steps trained, held-out success with Wilson 95%
+intervals, and the gain over SFT paired over the same eval episodes) and as JSON on the
+last line.
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="run.seed of every run")
     ap.add_argument("--sft-run", type=Path, help="a finished run of the same config and seed whose demos, "
                     "SFT policy and SFT evaluation every configuration starts from (default: run them)")
+    ap.add_argument("--batch-wait-s", type=float, default=300.0, help="a configuration whose trainer waits "
+                    "this long for one batch stops there (its row says stalled)")
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
     stop_on_sigterm()  # killed, its runs' roles go with it (a stalled configuration is killed by hand)
@@ -103,17 +110,20 @@ def main() -> None:
         base_dir, base = root / "sft", one_run(args.config, root, "sft", [*seed, "run.phases=[demos, sft, eval]"])
     sft_eval = load_outcomes(base_dir / "eval" / "sft.json")
     rows = [{"config": "SFT only", "success": base["heldout_success_sft"], "n": _sampled(sft_eval)[1],
-             "ci95": list(wilson(*_sampled(sft_eval))), "gain": 0.0, "gain_ci95": [0.0, 0.0]}]
+             "ci95": list(wilson(*_sampled(sft_eval))), "gain": 0.0, "gain_ci95": [0.0, 0.0],
+             "rl_steps": 0, "stalled": False}]
     common = [*seed, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
+              f"train.batch_wait_s={args.batch_wait_s}",
               f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
     for i, (label, on) in enumerate(PIECES):
         name = f"ablation-{i}"
-        one_run(args.config, root, name, [*common, *variant(cfg, on)])
+        summary = one_run(args.config, root, name, [*common, *variant(cfg, on)])
         outcomes = load_outcomes(root / name / "eval" / "rl.json")
         wins, n = _sampled(outcomes)
         g = paired_gain([o for o in sft_eval if o.mode == "sampled"], [o for o in outcomes if o.mode == "sampled"])
         rows.append({"config": label, "success": wins / n, "n": n, "ci95": list(wilson(wins, n)),
-                     "gain": g["gain"], "gain_ci95": g["ci95"]})
+                     "gain": g["gain"], "gain_ci95": g["ci95"], "rl_steps": summary["rl_steps"],
+                     "stalled": summary["rl_stalled"]})
     print(table(rows))
     print(json.dumps({"benchmark": "curation_ablation", "config": str(args.config), "rl_steps": steps,
                       "seed": args.seed, "rows": rows, "work": str(root), "machine": machine()}))
@@ -125,10 +135,12 @@ def _sampled(outcomes) -> tuple[int, int]:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'configuration':<22} {'held-out success':>18} {'95% CI':>16} {'gain over SFT':>14} {'paired 95% CI':>18}"
+    head = (f"{'configuration':<22} {'RL steps':>14} {'held-out success':>18} {'95% CI':>16} "
+            f"{'gain over SFT':>14} {'paired 95% CI':>18}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['config']:<22} {r['success']:>18.3f} {_ci(r['ci95']):>16} {r['gain']:>+14.3f} "
+        steps = f"{r['rl_steps']} (stalled)" if r["stalled"] else str(r["rl_steps"])
+        lines.append(f"{r['config']:<22} {steps:>14} {r['success']:>18.3f} {_ci(r['ci95']):>16} {r['gain']:>+14.3f} "
                      f"{_ci(r['gain_ci95']):>18}")
     return "\n".join(lines)
 

@@ -116,7 +116,9 @@ def rl_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path, view) -
     sup.stop({"rollout", "trainer"})
     records = [json.loads(line) for line in run.metrics_path("trainer").read_text().splitlines()]
     export = run.export / f"step-{records[-1]['step']}"
-    return export, {"rl_steps": records[-1]["step"], "policy_versions": int(records[-1]["policy/version"]),
+    versions = [r["policy/version"] for r in records if "policy/version" in r]
+    return export, {"rl_steps": records[-1]["step"], "policy_versions": int(versions[-1]) if versions else 0,
+                    "rl_stalled": "train/stalled" in records[-1],
                     "rl_export": str(export), "checkpoints": str(run.checkpoints),
                     "restarts": {k: v for k, v in sup.restarts().items() if v},
                     "rl_s": round(time.monotonic() - start, 1)}

@@ -5,6 +5,9 @@
 One round of the RL loop: fetch the next curated batch from the data manager, update on it
 (`updates_per_batch` optimizer steps: TIS, entropy selection and KL as configured), publish
 the new weights (a new policy version), checkpoint when the step count crosses the cadence.
+A trainer that waits longer than the source's `max_wait_s` for a batch (the rollouts give
+nothing to learn from: every group failed, say) stops early: it records `train/stalled`
+and checkpoints at the step it reached, and the run goes on from that policy.
 Step N's metrics are read while step N+1 runs, so the host never waits on the device for
 them. A resumed trainer restores the step, the data cursor (the data manager replays the
 batches after it) and publishes its restored weights under a new version.
@@ -12,6 +15,7 @@ batches after it) and publishes its restored weights under a new version.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Iterator
 
@@ -19,22 +23,30 @@ import jax
 
 from dart_jax.train.batch import Collator, TrainBatch
 from dart_jax.train.checkpoint import Checkpointer
-from dart_jax.train.pipeline import DataManagerSource
+from dart_jax.train.pipeline import DataManagerSource, NoBatchWithin
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.train.trainer import Trainer
 
+logger = logging.getLogger(__name__)
 Log = Callable[[int, dict], None]  # (step, host metrics)
 
 
 def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publisher: WeightPublisher,
        ckpt: Checkpointer | None, steps: int, log: Log) -> None:
-    """Train on curated batches until `steps` optimizer updates are done."""
+    """Train on curated batches until `steps` optimizer updates are done, or until no batch
+    comes within the source's wait."""
     resume(trainer, source, publisher, ckpt)
     pending = None
     while trainer.step < steps:
         source.trainer_version = publisher.version
         fetched = time.time()
-        batch = next(source)
+        try:
+            batch = next(source)
+        except NoBatchWithin as e:
+            flush(pending, log)
+            pending = None
+            stalled(trainer, ckpt, source, e, time.time() - fetched, log)
+            break
         started, before = time.time(), trainer.step
         metrics = trainer.update_rl(batch, collator)
         flush(pending, log)
@@ -48,6 +60,15 @@ def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publishe
             "time/publish_end": time.time(), **_staleness(batch, trainer.policy_version)})
         _checkpoint(trainer, ckpt, source, before, steps)
     _finish(pending, log, ckpt)
+
+
+def stalled(trainer: Trainer, ckpt: Checkpointer | None, source: DataManagerSource, why: NoBatchWithin,
+            waited_s: float, log: Log) -> None:
+    """The record and the checkpoint of a trainer that stops early for want of batches."""
+    log(trainer.step, {"train/stalled": 1.0, "train/waited_s": waited_s})
+    logger.warning("stopping at step %d: %s", trainer.step, why)
+    if ckpt is not None and trainer.step > 0 and ckpt.latest_step() != trainer.step:
+        trainer.save(ckpt, source.get_state())
 
 
 def sft(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | None, steps: int, log: Log) -> None:

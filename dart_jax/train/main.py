@@ -54,6 +54,9 @@ class DistributedConfig:
 class TrainRunConfig:
     """How long the trainer runs and on what. Paths are relative to the run directory."""
     steps: int = bounded(100, ge=1)  # optimizer updates in total (a resumed run counts on)
+    # RL: the longest wait for one curated batch before the trainer stops early at the step it
+    # reached (metrics: train/stalled; its checkpoint and export as usual). None: no limit.
+    batch_wait_s: float | None = bounded(None, gt=0)
     sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
     export: bool = True
     distributed: DistributedConfig = DistributedConfig()
@@ -94,7 +97,7 @@ def main(cfg, run: RunDir) -> dict:
             loop.sft(trainer, source, ckpt, cfg.train.steps, record)
         else:
             publisher = WeightPublisher(cfg.weights, hf_io.read_config(hf_dir), state_file=run.root / "weights.json")
-            source = DataManagerSource(cfg.data.wire, collator)
+            source = DataManagerSource(cfg.data.wire, collator, max_wait_s=cfg.train.batch_wait_s)
             try:
                 loop.rl(trainer, source, collator, publisher, ckpt, cfg.train.steps, record)
             finally:

@@ -227,11 +227,16 @@ def plan_batch(batch: CuratedBatch, collator: Collator, screens: ScreenSource, *
         traj_N=np.asarray([r.traj for r in refs], np.int32), dropped=dropped, shard=shard)
 
 
+class NoBatchWithin(TimeoutError):
+    """The data manager answered NoBatch for longer than the trainer waits for one batch."""
+
+
 class DataManagerSource:
     """Curated batches from the data manager, in batch_id order; the state is the cursor.
 
     `next()` asks for the batch after the last consumed one with `BatchRequest`, waiting
-    `retry_after_s` on each NoBatch (up to `max_wait_s`, then TimeoutError; None: forever).
+    `retry_after_s` on each NoBatch (up to `max_wait_s`, then NoBatchWithin on every host;
+    None: forever).
     Set `trainer_version` before each `next()`: the data manager curates for it (staleness).
     On a multi-host trainer only process 0 asks for batches; it broadcasts the batch (its
     msgpack bytes: screenshots travel by reference) to the others, every host plans the same
@@ -253,9 +258,17 @@ class DataManagerSource:
 
     def __next__(self) -> RLBatch:
         index, count = self.shard
-        batch = self._fetch() if index == 0 else None
+        batch, waited = None, None
+        if index == 0:
+            try:
+                batch = self._fetch()
+            except NoBatchWithin as e:
+                waited = e
         if count > 1:
             batch = broadcast_batch(batch)
+        if batch is None:
+            raise waited or NoBatchWithin(f"process 0 got no batch after {self.after_batch_id} "
+                                          f"within {self.max_wait_s} s")
         if batch.batch_id != self.after_batch_id + 1:
             raise RuntimeError(f"asked for the batch after {self.after_batch_id}, got {batch.batch_id}")
         self.after_batch_id = batch.batch_id
@@ -298,12 +311,13 @@ class DataManagerSource:
                 return reply
             if not isinstance(reply, NoBatch):
                 raise RuntimeError(f"the data manager answered a BatchRequest with {type(reply).__name__}")
-            if deadline is not None and time.monotonic() + reply.retry_after_s > deadline:
-                raise TimeoutError(f"no batch after {self.after_batch_id} within {self.max_wait_s} s: {reply.reason}")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise NoBatchWithin(f"no batch after {self.after_batch_id} within {self.max_wait_s} s: {reply.reason}")
             if reply.reason != reason:  # once per reason: the poll is frequent
                 log.info("no batch yet (%s); asking every %.2f s", reply.reason, reply.retry_after_s)
                 reason = reply.reason
-            time.sleep(reply.retry_after_s)
+            time.sleep(reply.retry_after_s if deadline is None else
+                       min(reply.retry_after_s, max(0.0, deadline - time.monotonic())))
 
     def get_state(self) -> dict:
         return {"after_batch_id": self.after_batch_id}
@@ -317,12 +331,15 @@ class DataManagerSource:
             self._client = None
 
 
-def broadcast_batch(batch: CuratedBatch | None) -> CuratedBatch:
+def broadcast_batch(batch: CuratedBatch | None) -> CuratedBatch | None:
     """Process 0's batch on every process (the others pass None): its bytes, their length
-    first, through JAX's own cross-process broadcast."""
+    first, through JAX's own cross-process broadcast. None everywhere when process 0 has
+    none (it waited too long): length 0."""
     from jax.experimental import multihost_utils
     data = np.frombuffer(to_bytes(batch), np.uint8) if batch is not None else np.zeros(0, np.uint8)
     size = int(multihost_utils.broadcast_one_to_all(np.int64(len(data))))
+    if size == 0:
+        return None
     data = data if batch is not None else np.zeros(size, np.uint8)
     return from_bytes(np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes(), CuratedBatch)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.curation_ablation import PIECES, sft_summary, variant
+from benchmarks.curation_ablation import PIECES, sft_summary, table, variant
 from dart_jax.config.loader import apply_overrides, from_dict
 from dart_jax.run.schema import RunConfig
 from tests.procs import descendants
@@ -55,6 +55,15 @@ def test_sft_run_is_read_from_a_finished_run_and_refused_when_it_lacks_the_sft_p
         sft_summary(tmp_path)
     (tmp_path / "eval" / "sft.json").write_text("{}")
     assert sft_summary(tmp_path) == summary
+
+
+def test_the_table_says_which_configuration_stopped_for_want_of_batches():
+    row = {"success": 0.5, "ci95": [0.4, 0.6], "gain": 0.1, "gain_ci95": [0.02, 0.18]}
+    lines = table([{"config": "plain GRPO", "rl_steps": 30, "stalled": False, **row},
+                   {"config": "+ dynamic rollouts", "rl_steps": 5, "stalled": True, **row}]).splitlines()
+    assert "RL steps" in lines[0]
+    assert lines[2].split()[2] == "30" and "stalled" not in lines[2]
+    assert "5 (stalled)" in lines[3]
 
 
 @pytest.mark.slow

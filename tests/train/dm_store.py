@@ -1,15 +1,25 @@
 """A data manager whose store holds screenshot-free rollouts of two tasks, for trainer runs
-that talk to a real data manager (resume, multi-host)."""
+that talk to a real data manager (resume, stall, multi-host), and `dart-jax train`
+processes against it."""
 
+import json
 import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
+from dart_jax.config import dump
 from dart_jax.data.config import CurationConfig, DataManagerConfig, TaskEntry, TaskSourceConfig
 from dart_jax.data.service import serve
+from dart_jax.run.schema import PolicySection, RunConfig, RunSection
+from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfig, TrainerConfig
+from dart_jax.train.main import TrainRunConfig
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import Step, SubmitTrajectory, Trajectory
+from dart_jax.wire.weights import WeightSyncConfig
 
 TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
 
@@ -51,3 +61,31 @@ def serve_copy(store, root) -> tuple[DataManagerConfig, threading.Event]:
     cfg = dm_config(f"ipc://{root}/dm.sock")
     threading.Thread(target=serve, args=(cfg, root, stop), daemon=True).start()
     return cfg, stop
+
+
+def rl_trainer(tmp_path: Path, name: str, store, tiny_dir, train: TrainRunConfig,
+               checkpoint: CheckpointConfig) -> tuple[Path, threading.Event]:
+    """A data manager on a copy of `store` at tmp_path/name, and the config file of a
+    one-process RL trainer against it (run directory tmp_path/name)."""
+    root = tmp_path / name
+    dm, stop = serve_copy(store, root)
+    loop = WireConfig(endpoint="tcp://127.0.0.1:0")
+    cfg = RunConfig(run=RunSection(name=name, root=str(tmp_path)), policy=PolicySection(hf_dir=str(tiny_dir)),
+                    data=dm, weights=WeightSyncConfig(announce=loop, serve=loop),
+                    trainer=TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-4),
+                                          buckets=BucketConfig((128, 256), (64,), 4), checkpoint=checkpoint),
+                    train=train)
+    path = root / "trainer.yaml"
+    path.write_text(dump(cfg))
+    return path, stop
+
+
+def train(config: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dart_jax.cli", "train", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def records(run_dir: Path) -> list[dict]:
+    """The trainer's metrics lines (none before its first)."""
+    path = run_dir / "metrics" / "trainer.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

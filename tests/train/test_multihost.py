@@ -2,7 +2,9 @@
 each form one mesh through `jax.distributed` on loopback and take RL steps on curated
 batches from a data manager (process 0 fetches them, both build their own rows). Losses,
 the exported parameters and every published version equal those of one process with four
-devices on the same data; what the pod publishes reaches a worker-side puller intact.
+devices on the same data; what the pod publishes reaches a worker-side puller intact. The
+store holds STEPS batches and both trainers ask for one more: process 0 waits
+`batch_wait_s` for it and every host of the pod stops at step STEPS with it.
 """
 
 import json
@@ -27,7 +29,7 @@ from dart_jax.wire.weights import WeightSyncConfig, check_bucket
 from tests.train import dm_store
 
 pytestmark = pytest.mark.slow
-STEPS = 3
+STEPS = 3  # the batches 24 rollouts make (two tasks, groups of 4, two tasks a batch)
 
 
 def _port() -> int:
@@ -51,7 +53,7 @@ def _config(tmp_path, name, store, tiny_dir, distributed: DistributedConfig, row
                                                       reannounce_s=0.2),
                     trainer=TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-3), mesh=MeshConfig(fsdp=4),
                                           buckets=BucketConfig((128, 256), (64,), rows)),
-                    train=TrainRunConfig(steps=STEPS, distributed=distributed))
+                    train=TrainRunConfig(steps=STEPS + 1, batch_wait_s=5, distributed=distributed))
     path = tmp_path / f"{name}.yaml"
     path.write_text(dump(cfg))
     return cfg, path, stop
@@ -93,7 +95,8 @@ class Puller:
 
 
 def _losses(run) -> dict[int, float]:
-    return {r["step"]: r["loss/total"] for r in map(json.loads, (run / "metrics" / "trainer.jsonl").read_text().splitlines())}
+    lines = map(json.loads, (run / "metrics" / "trainer.jsonl").read_text().splitlines())
+    return {r["step"]: r["loss/total"] for r in lines if "loss/total" in r}
 
 
 def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, tiny_dir):
@@ -120,7 +123,8 @@ def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, 
     a = load_file(str(tmp_path / "one" / "export" / f"step-{STEPS}" / "model.safetensors"))
     b = load_file(str(tmp_path / "pod" / "export" / f"step-{STEPS}" / "model.safetensors"))
     assert a.keys() == b.keys()
-    assert len((tmp_path / "pod" / "metrics" / "trainer.jsonl").read_text().splitlines()) == STEPS  # process 0 logs
+    pod_lines = [json.loads(line) for line in (tmp_path / "pod" / "metrics" / "trainer.jsonl").read_text().splitlines()]
+    assert len(pod_lines) == STEPS + 1 and pod_lines[-1]["train/stalled"] == 1.0  # process 0 logs
     for name in a:
         np.testing.assert_allclose(b[name], a[name], atol=1e-5, err_msg=name)
     common = set(pullers[0].versions) & set(pullers[1].versions)
