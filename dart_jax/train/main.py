@@ -55,7 +55,9 @@ class TrainRunConfig:
     """How long the trainer runs and on what. Paths are relative to the run directory."""
     steps: int = bounded(100, ge=1)  # optimizer updates in total (a resumed run counts on)
     # RL: the longest wait for one curated batch before the trainer stops early at the step it
-    # reached (metrics: train/stalled; its checkpoint and export as usual). None: no limit.
+    # reached (metrics: train/stalled; its checkpoint and export as usual). It also bounds how
+    # long an unanswering data manager is asked again (then the trainer fails, and the
+    # supervisor restarts it from its checkpoint). None: no limit.
     batch_wait_s: float | None = bounded(None, gt=0)
     sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
     export: bool = True
