@@ -8,7 +8,8 @@ A `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy
 held-out success (or `--sft-run`: those phases of a finished run of the same config and seed,
 such as a `make run`, whose RL phase then is the `full` configuration's twin). Each
 configuration is then a run of phases [rl, eval] from that policy with the same tasks,
-demonstrations, seeds, trainer steps and evaluation episodes:
+demonstrations, seeds, trainer steps and evaluation episodes (the config's `train.max_seconds`
+is lifted: the budget is steps, whatever a configuration's step costs):
 
     plain GRPO           fixed max_rollouts per task, fixed step cap (default_max_steps), no
                          experience pool, every step trained, no truncated importance sampling
@@ -113,7 +114,7 @@ def main() -> None:
              "ci95": list(wilson(*_sampled(sft_eval))), "gain": 0.0, "gain_ci95": [0.0, 0.0],
              "rl_steps": 0, "stalled": False}]
     common = [*seed, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
-              f"train.batch_wait_s={args.batch_wait_s}",
+              f"train.batch_wait_s={args.batch_wait_s}", "train.max_seconds=null",
               f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
     for i, (label, on) in enumerate(PIECES):
         name = f"ablation-{i}"

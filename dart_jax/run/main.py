@@ -81,7 +81,7 @@ def sft_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path) -> tup
     sub = dataclasses.replace(
         with_policy(cfg, policy), run=dataclasses.replace(cfg.run, root=str(run.root), name="sft"),
         trainer=cfg.sft.trainer(cfg.trainer), train=dataclasses.replace(
-            cfg.train, steps=cfg.sft.steps, sft_data=str((run.data / "demos").resolve())))
+            cfg.train, steps=cfg.sft.steps, max_seconds=None, sft_data=str((run.data / "demos").resolve())))
     sup.start({"trainer"}, cfg=sub)
     sup.wait_done("trainer")
     sup.stop({"trainer"})
@@ -119,6 +119,7 @@ def rl_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path, view) -
     versions = [r["policy/version"] for r in records if "policy/version" in r]
     return export, {"rl_steps": records[-1]["step"], "policy_versions": int(versions[-1]) if versions else 0,
                     "rl_stalled": "train/stalled" in records[-1],
+                    "rl_out_of_time": "train/out_of_time" in records[-1],
                     "rl_export": str(export), "checkpoints": str(run.checkpoints),
                     "restarts": {k: v for k, v in sup.restarts().items() if v},
                     "rl_s": round(time.monotonic() - start, 1)}

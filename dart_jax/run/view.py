@@ -145,10 +145,14 @@ def _clock(seconds: float | None) -> str:
 class LiveView:
     """`update(snapshot)` after each poll; use as a context manager (starts/stops the live panel)."""
 
-    def __init__(self, total_steps: int, console: Console | None = None, every_s: float = 10.0):
+    def __init__(self, total_steps: int, console: Console | None = None, every_s: float = 10.0,
+                 budget_s: float | None = None):
+        """`budget_s`: the trainer's wall-clock budget (`train.max_seconds`), counted from the
+        first snapshot: the ETA is the sooner of the steps' and the budget's end."""
         if total_steps < 1:
             raise ValueError(f"total_steps must be at least 1, got {total_steps}")
-        self.total_steps, self.every_s = total_steps, every_s
+        self.total_steps, self.every_s, self.budget_s = total_steps, every_s, budget_s
+        self._first: float | None = None
         self.console = console or Console()
         self.rate = Rate()
         self._live: Live | None = None
@@ -166,6 +170,7 @@ class LiveView:
             self._live = None
 
     def update(self, snap: Snapshot) -> None:
+        self._first = snap.time if self._first is None else self._first
         self.rate.add(snap.time, snap.trainer_step)
         if self._live is not None:
             self._live.update(self.render(snap), refresh=True)
@@ -175,7 +180,12 @@ class LiveView:
 
     def eta_s(self, snap: Snapshot) -> float | None:
         rate = self.rate.per_s()
-        return max(self.total_steps - snap.trainer_step, 0) / rate if rate > 0 else None
+        steps = max(self.total_steps - snap.trainer_step, 0) / rate if rate > 0 else None
+        if self.budget_s is None:
+            return steps
+        first = snap.time if self._first is None else self._first
+        left = max(self.budget_s - (snap.time - first), 0.0)
+        return left if steps is None else min(steps, left)
 
     def line(self, snap: Snapshot) -> str:
         """The compact form, one line: for logs."""

@@ -1,13 +1,15 @@
 """The trainer's loops: DART's RL loop on curated batches, and SFT on trajectory files.
 
-    rl(trainer, source, collator, publisher, ckpt, steps, log)
+    rl(trainer, source, collator, publisher, ckpt, steps, log, budget)
 
 One round of the RL loop: fetch the next curated batch from the data manager, update on it
 (`updates_per_batch` optimizer steps: TIS, entropy selection and KL as configured), publish
 the new weights (a new policy version), checkpoint when the step count crosses the cadence.
 A trainer that waits longer than the source's `max_wait_s` for a batch (the rollouts give
 nothing to learn from: every group failed, say) stops early: it records `train/stalled`
-and checkpoints at the step it reached, and the run goes on from that policy.
+and checkpoints at the step it reached, and the run goes on from that policy. A trainer
+whose wall-clock `Budget` is spent stops the same way before its next update
+(`train/out_of_time`); both loops honour it.
 Step N's metrics are read while step N+1 runs, so the host never waits on the device for
 them. A resumed trainer restores the step, the data cursor (the data manager replays the
 batches after it) and publishes its restored weights under a new version.
@@ -15,11 +17,13 @@ batches after it) and publishes its restored weights under a new version.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Iterator
 
 import jax
+import numpy as np
 
 from dart_jax.train.batch import Collator, TrainBatch
 from dart_jax.train.checkpoint import Checkpointer
@@ -31,13 +35,39 @@ logger = logging.getLogger(__name__)
 Log = Callable[[int, dict], None]  # (step, host metrics)
 
 
+@dataclasses.dataclass
+class Budget:
+    """The wall-clock seconds a training loop may take, counted from its creation (None: no
+    limit). On a multi-host trainer process 0's clock decides for every host (one broadcast
+    a check), so that all of them stop after the same update."""
+    seconds: float | None = None
+    start: float = dataclasses.field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def spent(self) -> bool:
+        if self.seconds is None:
+            return False
+        over = self.elapsed() >= self.seconds
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            over = bool(multihost_utils.broadcast_one_to_all(np.int32(over)))
+        return over
+
+
 def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publisher: WeightPublisher,
-       ckpt: Checkpointer | None, steps: int, log: Log) -> None:
-    """Train on curated batches until `steps` optimizer updates are done, or until no batch
-    comes within the source's wait."""
+       ckpt: Checkpointer | None, steps: int, log: Log, budget: Budget | None = None) -> None:
+    """Train on curated batches until `steps` optimizer updates are done, until no batch
+    comes within the source's wait, or until the budget is spent."""
     resume(trainer, source, publisher, ckpt)
-    pending = None
+    budget, pending = budget or Budget(), None
     while trainer.step < steps:
+        if budget.spent():
+            flush(pending, log)
+            pending = None
+            out_of_time(trainer, ckpt, source, budget, log)
+            break
         source.trainer_version = publisher.version
         fetched = time.time()
         try:
@@ -67,16 +97,35 @@ def stalled(trainer: Trainer, ckpt: Checkpointer | None, source: DataManagerSour
     """The record and the checkpoint of a trainer that stops early for want of batches."""
     log(trainer.step, {"train/stalled": 1.0, "train/waited_s": waited_s})
     logger.warning("stopping at step %d: %s", trainer.step, why)
+    _save_stop(trainer, ckpt, source)
+
+
+def out_of_time(trainer: Trainer, ckpt: Checkpointer | None, source, budget: Budget, log: Log) -> None:
+    """The record and the checkpoint of a trainer that stops early because its budget is spent."""
+    log(trainer.step, {"train/out_of_time": 1.0, "train/elapsed_s": budget.elapsed()})
+    logger.warning("stopping at step %d: %.0f s of the %.0f s budget spent", trainer.step, budget.elapsed(),
+                   budget.seconds)
+    _save_stop(trainer, ckpt, source)
+
+
+def _save_stop(trainer: Trainer, ckpt: Checkpointer | None, source) -> None:
+    """The checkpoint of the step an early stop reached, unless a cadence save holds it."""
     if ckpt is not None and trainer.step > 0 and ckpt.latest_step() != trainer.step:
         trainer.save(ckpt, source.get_state())
 
 
-def sft(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | None, steps: int, log: Log) -> None:
-    """Supervised updates (`accum_steps` batches each) until `steps` are done."""
+def sft(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | None, steps: int, log: Log,
+        budget: Budget | None = None) -> None:
+    """Supervised updates (`accum_steps` batches each) until `steps` are done or the budget is spent."""
     if ckpt is not None and (data_state := trainer.restore(ckpt)) is not None:
         source.set_state(data_state)
-    pending = None
+    budget, pending = budget or Budget(), None
     while trainer.step < steps:
+        if budget.spent():
+            flush(pending, log)
+            pending = None
+            out_of_time(trainer, ckpt, source, budget, log)
+            break
         before = trainer.step
         metrics = trainer.update_sft([next(source) for _ in range(trainer.cfg.buckets.accum_steps)])
         flush(pending, log)

@@ -59,13 +59,19 @@ class TrainRunConfig:
     # long an unanswering data manager is asked again (then the trainer fails, and the
     # supervisor restarts it from its checkpoint). None: no limit.
     batch_wait_s: float | None = bounded(None, gt=0)
+    # the training loop's wall-clock budget in seconds, from its start in this process (a
+    # resumed trainer gets it afresh): the trainer stops before the first update that would
+    # begin past it (metrics: train/out_of_time; checkpoint and export as usual). On a pod,
+    # process 0's clock decides. `dart-jax run` gives it to the RL phase only. None: no limit.
+    max_seconds: float | None = bounded(None, gt=0)
     sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
     export: bool = True
     distributed: DistributedConfig = DistributedConfig()
 
 
 def main(cfg, run: RunDir) -> dict:
-    """Train `cfg.train.steps` updates; returns the last metrics (and the export's path)."""
+    """Train `cfg.train.steps` updates (fewer on a stall or a spent budget); returns the last
+    metrics (and the export's path)."""
     cfg.train.distributed.initialize()
     import jax
     from dart_jax.models import hf_io
@@ -96,12 +102,13 @@ def main(cfg, run: RunDir) -> dict:
         if tcfg.mode == "sft":
             source = iter(TrajectoryFileSource(run.root / cfg.train.sft_data, collator, seed=tcfg.seed,
                                                screen_cache_bytes=tcfg.screen_cache_bytes))
-            loop.sft(trainer, source, ckpt, cfg.train.steps, record)
+            loop.sft(trainer, source, ckpt, cfg.train.steps, record, loop.Budget(cfg.train.max_seconds))
         else:
             publisher = WeightPublisher(cfg.weights, hf_io.read_config(hf_dir), state_file=run.root / "weights.json")
             source = DataManagerSource(cfg.data.wire, collator, max_wait_s=cfg.train.batch_wait_s)
             try:
-                loop.rl(trainer, source, collator, publisher, ckpt, cfg.train.steps, record)
+                loop.rl(trainer, source, collator, publisher, ckpt, cfg.train.steps, record,
+                        loop.Budget(cfg.train.max_seconds))
             finally:
                 source.close()
                 publisher.close()

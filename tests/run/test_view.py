@@ -97,6 +97,16 @@ def test_rate_and_eta_over_recent_snapshots():
         LiveView(0)
 
 
+def test_eta_ends_with_the_trainers_budget_when_that_comes_first():
+    view = LiveView(100, console=Console(file=io.StringIO()), budget_s=900.0)
+    view.update(snap(1000.0, 0))  # the budget counts from the first snapshot
+    assert view.eta_s(snap(1000.0, 0)) == 900.0  # no rate yet: the budget's end
+    view.update(snap(1600.0, 20))
+    assert view.eta_s(snap(1600.0, 20)) == pytest.approx(300.0)  # steps would take 2400 s more
+    view.update(snap(1700.0, 90))
+    assert view.eta_s(snap(1700.0, 90)) == pytest.approx(10 / (90 / 700))  # the steps end first
+
+
 def test_render_shows_every_figure():
     console = Console(record=True, width=120)
     view = LiveView(100, console=console)

@@ -53,7 +53,8 @@ def _config(tmp_path, name, store, tiny_dir, distributed: DistributedConfig, row
                                                       reannounce_s=0.2),
                     trainer=TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-3), mesh=MeshConfig(fsdp=4),
                                           buckets=BucketConfig((128, 256), (64,), rows)),
-                    train=TrainRunConfig(steps=STEPS + 1, batch_wait_s=5, distributed=distributed))
+                    # a budget it does not reach: process 0's clock is broadcast before every update
+                    train=TrainRunConfig(steps=STEPS + 1, batch_wait_s=5, max_seconds=3600, distributed=distributed))
     path = tmp_path / f"{name}.yaml"
     path.write_text(dump(cfg))
     return cfg, path, stop

@@ -1,6 +1,7 @@
-"""A trainer whose data manager has no batch for it within `train.batch_wait_s` stops early
-at the step it reached: it exits cleanly, records `train/stalled`, and checkpoints and
-exports the policy of that step, so a run goes on from it instead of waiting forever."""
+"""A trainer whose data manager has no batch for it within `train.batch_wait_s`, or whose
+`train.max_seconds` are spent, stops early at the step it reached: it exits cleanly, records
+`train/stalled` or `train/out_of_time`, and checkpoints and exports the policy of that step,
+so a run goes on from it instead of waiting forever."""
 
 import pytest
 
@@ -11,6 +12,7 @@ from tests.train.dm_store import records, train
 
 pytestmark = pytest.mark.slow
 WAIT_S = 3.0
+BUDGET_S = 1.0
 
 
 def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp_path, tiny_dir):
@@ -29,4 +31,23 @@ def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp
     assert last["step"] == len(updates) < 100
     assert last["train/stalled"] == 1.0 and last["train/waited_s"] >= WAIT_S
     assert (tmp_path / "run" / "checkpoints" / str(len(updates))).is_dir()  # not a cadence step: saved for the stop
+    assert (tmp_path / "run" / "export" / f"step-{len(updates)}" / "model.safetensors").is_file()
+
+
+def test_a_trainer_past_its_budget_stops_before_the_next_update_and_exports_that_policy(tmp_path, tiny_dir):
+    dm_store.fill(tmp_path / "store", n=48)
+    # the first update compiles the step (seconds on a CPU): the budget is spent after it
+    config, stop = dm_store.rl_trainer(tmp_path, "run", tmp_path / "store", tiny_dir,
+                                       TrainRunConfig(steps=100, batch_wait_s=60, max_seconds=BUDGET_S),
+                                       CheckpointConfig(every_steps=100, async_save=False))
+    try:
+        proc = train(config)
+        assert proc.wait(300) == 0, proc.stderr.read()[-3000:]
+    finally:
+        stop.set()
+    *updates, last = records(tmp_path / "run")
+    assert updates and [r["step"] for r in updates] == list(range(1, len(updates) + 1))
+    assert last["step"] == len(updates) and last["train/out_of_time"] == 1.0
+    assert last["train/elapsed_s"] >= BUDGET_S and "train/stalled" not in last
+    assert (tmp_path / "run" / "checkpoints" / str(len(updates))).is_dir()
     assert (tmp_path / "run" / "export" / f"step-{len(updates)}" / "model.safetensors").is_file()
