@@ -2,14 +2,14 @@
 piece added in turn, with the same seeds and the same RL budget per configuration.
 
     .venv/bin/python -m benchmarks.curation_ablation [--config configs/local.yaml] [--steps N] [--seed S]
-                                                     [--sft-run RUN_DIR] [--batch-wait-s S]
+                                                     [--max-seconds S] [--sft-run RUN_DIR] [--batch-wait-s S]
 
 A `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy and its
 held-out success (or `--sft-run`: those phases of a finished run of the same config and seed,
 such as a `make run`, whose RL phase then is the `full` configuration's twin). Each
 configuration is then a run of phases [rl, eval] from that policy with the same tasks,
-demonstrations, seeds, trainer steps and evaluation episodes (the config's `train.max_seconds`
-is lifted: the budget is steps, whatever a configuration's step costs):
+demonstrations, seeds, RL budget (the config's `train.steps` and `train.max_seconds`,
+whichever ends first, as in `make run`) and evaluation episodes:
 
     plain GRPO           fixed max_rollouts per task, fixed step cap (default_max_steps), no
                          experience pool, every step trained, no truncated importance sampling
@@ -21,7 +21,8 @@ is lifted: the budget is steps, whatever a configuration's step costs):
 
 A configuration whose trainer gets no batch for `--batch-wait-s` seconds (its rollouts give
 nothing to learn from: every group failed and no pool fills in) stops at the step it
-reached and is evaluated there; its row says so.
+reached and is evaluated there; its row says so, as it says which configurations the clock
+stopped.
 
 Printed as DART's ablation table (RL steps trained, held-out success with Wilson 95%
 intervals, and the gain over SFT paired over the same eval episodes) and as JSON on the
@@ -92,6 +93,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's train.steps)")
+    ap.add_argument("--max-seconds", type=float, help="the RL phase's wall-clock budget per configuration "
+                    "(default: the config's train.max_seconds; 0: none)")
     ap.add_argument("--seed", type=int, default=1, help="run.seed of every run")
     ap.add_argument("--sft-run", type=Path, help="a finished run of the same config and seed whose demos, "
                     "SFT policy and SFT evaluation every configuration starts from (default: run them)")
@@ -104,6 +107,7 @@ def main() -> None:
     seed = [f"run.seed={args.seed}"]
     cfg = load(RunConfig, args.config, seed)
     steps = args.steps or cfg.train.steps
+    budget = cfg.train.max_seconds if args.max_seconds is None else (args.max_seconds or None)
 
     if args.sft_run:
         base_dir, base = args.sft_run, sft_summary(args.sft_run)
@@ -112,9 +116,9 @@ def main() -> None:
     sft_eval = load_outcomes(base_dir / "eval" / "sft.json")
     rows = [{"config": "SFT only", "success": base["heldout_success_sft"], "n": _sampled(sft_eval)[1],
              "ci95": list(wilson(*_sampled(sft_eval))), "gain": 0.0, "gain_ci95": [0.0, 0.0],
-             "rl_steps": 0, "stalled": False}]
+             "rl_steps": 0, "stalled": False, "out_of_time": False}]
     common = [*seed, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
-              f"train.batch_wait_s={args.batch_wait_s}", "train.max_seconds=null",
+              f"train.batch_wait_s={args.batch_wait_s}", f"train.max_seconds={'null' if budget is None else budget}",
               f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
     for i, (label, on) in enumerate(PIECES):
         name = f"ablation-{i}"
@@ -124,9 +128,10 @@ def main() -> None:
         g = paired_gain([o for o in sft_eval if o.mode == "sampled"], [o for o in outcomes if o.mode == "sampled"])
         rows.append({"config": label, "success": wins / n, "n": n, "ci95": list(wilson(wins, n)),
                      "gain": g["gain"], "gain_ci95": g["ci95"], "rl_steps": summary["rl_steps"],
-                     "stalled": summary["rl_stalled"]})
+                     "stalled": summary["rl_stalled"], "out_of_time": summary["rl_out_of_time"]})
     print(table(rows))
     print(json.dumps({"benchmark": "curation_ablation", "config": str(args.config), "rl_steps": steps,
+                      "rl_max_seconds": budget,
                       "seed": args.seed, "rows": rows, "work": str(root), "machine": machine()}))
 
 
@@ -140,7 +145,7 @@ def table(rows: list[dict]) -> str:
             f"{'gain over SFT':>14} {'paired 95% CI':>18}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        steps = f"{r['rl_steps']} (stalled)" if r["stalled"] else str(r["rl_steps"])
+        steps = f"{r['rl_steps']}" + (" (stalled)" if r["stalled"] else " (time)" if r["out_of_time"] else "")
         lines.append(f"{r['config']:<22} {steps:>14} {r['success']:>18.3f} {_ci(r['ci95']):>16} {r['gain']:>+14.3f} "
                      f"{_ci(r['gain_ci95']):>18}")
     return "\n".join(lines)

@@ -57,13 +57,15 @@ def test_sft_run_is_read_from_a_finished_run_and_refused_when_it_lacks_the_sft_p
     assert sft_summary(tmp_path) == summary
 
 
-def test_the_table_says_which_configuration_stopped_for_want_of_batches():
+def test_the_table_says_which_configuration_stopped_for_want_of_batches_or_time():
     row = {"success": 0.5, "ci95": [0.4, 0.6], "gain": 0.1, "gain_ci95": [0.02, 0.18]}
-    lines = table([{"config": "plain GRPO", "rl_steps": 30, "stalled": False, **row},
-                   {"config": "+ dynamic rollouts", "rl_steps": 5, "stalled": True, **row}]).splitlines()
+    lines = table([{"config": "plain GRPO", "rl_steps": 30, "stalled": False, "out_of_time": False, **row},
+                   {"config": "+ dynamic rollouts", "rl_steps": 5, "stalled": True, "out_of_time": False, **row},
+                   {"config": "+ TIS", "rl_steps": 34, "stalled": False, "out_of_time": True, **row}]).splitlines()
     assert "RL steps" in lines[0]
-    assert lines[2].split()[2] == "30" and "stalled" not in lines[2]
+    assert lines[2].split()[2] == "30" and "stalled" not in lines[2] and "time" not in lines[2]
     assert "5 (stalled)" in lines[3]
+    assert "34 (time)" in lines[4]
 
 
 @pytest.mark.slow
