@@ -8,8 +8,8 @@ the new weights (a new policy version), checkpoint when the step count crosses t
 A trainer that waits longer than the source's `max_wait_s` for a batch (the rollouts give
 nothing to learn from: every group failed, say) stops early: it records `train/stalled`
 and checkpoints at the step it reached, and the run goes on from that policy. A trainer
-whose wall-clock `Budget` is spent stops the same way before its next update
-(`train/out_of_time`); both loops honour it.
+whose wall-clock `Budget` is spent stops the same way before its next update, or while it
+waits for a batch (`train/out_of_time`); both loops honour it.
 Step N's metrics are read while step N+1 runs, so the host never waits on the device for
 them. A resumed trainer restores the step, the data cursor (the data manager replays the
 batches after it) and publishes its restored weights under a new version.
@@ -46,6 +46,10 @@ class Budget:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
+    def ends_at(self) -> float | None:
+        """The `time.monotonic()` value at which the budget is spent (None: never)."""
+        return None if self.seconds is None else self.start + self.seconds
+
     def spent(self) -> bool:
         if self.seconds is None:
             return False
@@ -62,6 +66,7 @@ def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publishe
     comes within the source's wait, or until the budget is spent."""
     resume(trainer, source, publisher, ckpt)
     budget, pending = budget or Budget(), None
+    source.until = budget.ends_at()  # a batch wait ends with the budget
     while trainer.step < steps:
         if budget.spent():
             flush(pending, log)
@@ -75,7 +80,10 @@ def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publishe
         except NoBatchWithin as e:
             flush(pending, log)
             pending = None
-            stalled(trainer, ckpt, source, e, time.time() - fetched, log)
+            if budget.spent():
+                out_of_time(trainer, ckpt, source, budget, log)
+            else:
+                stalled(trainer, ckpt, source, e, time.time() - fetched, log)
             break
         started, before = time.time(), trainer.step
         metrics = trainer.update_rl(batch, collator)

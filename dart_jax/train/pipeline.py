@@ -236,7 +236,8 @@ class DataManagerSource:
 
     `next()` asks for the batch after the last consumed one with `BatchRequest`, waiting
     `retry_after_s` on each NoBatch (up to `max_wait_s`, then NoBatchWithin on every host;
-    None: forever).
+    None: forever). `until` (a `time.monotonic()` value, or None) ends a batch wait sooner:
+    the trainer's budget.
     Set `trainer_version` before each `next()`: the data manager curates for it (staleness).
     On a multi-host trainer only process 0 asks for batches; it broadcasts the batch (its
     msgpack bytes: screenshots travel by reference) to the others, every host plans the same
@@ -249,6 +250,7 @@ class DataManagerSource:
         self.wire, self.collator, self.keep = wire, collator, keep
         self.shard = shard or host_shard()
         self.max_wait_s = max_wait_s
+        self.until: float | None = None
         self.trainer_version = trainer_version
         self.after_batch_id = 0
         self._client: Client | None = None
@@ -304,6 +306,8 @@ class DataManagerSource:
 
     def _fetch(self) -> CuratedBatch:
         deadline, reason = self._deadline(), None
+        if self.until is not None:
+            deadline = self.until if deadline is None else min(deadline, self.until)
         while True:
             reply = self._ask(BatchRequest(trainer_version=self.trainer_version,
                                            after_batch_id=self.after_batch_id), deadline)
@@ -312,7 +316,7 @@ class DataManagerSource:
             if not isinstance(reply, NoBatch):
                 raise RuntimeError(f"the data manager answered a BatchRequest with {type(reply).__name__}")
             if deadline is not None and time.monotonic() >= deadline:
-                raise NoBatchWithin(f"no batch after {self.after_batch_id} within {self.max_wait_s} s: {reply.reason}")
+                raise NoBatchWithin(f"no batch after {self.after_batch_id} within the wait: {reply.reason}")
             if reply.reason != reason:  # once per reason: the poll is frequent
                 log.info("no batch yet (%s); asking every %.2f s", reply.reason, reply.retry_after_s)
                 reason = reply.reason

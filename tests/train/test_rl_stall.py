@@ -1,7 +1,8 @@
 """A trainer whose data manager has no batch for it within `train.batch_wait_s`, or whose
-`train.max_seconds` are spent, stops early at the step it reached: it exits cleanly, records
-`train/stalled` or `train/out_of_time`, and checkpoints and exports the policy of that step,
-so a run goes on from it instead of waiting forever."""
+`train.max_seconds` are spent (before an update, or while it waits for a batch), stops early
+at the step it reached: it exits cleanly, records `train/stalled` or `train/out_of_time`,
+and checkpoints and exports the policy of that step, so a run goes on from it instead of
+waiting forever."""
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.train.dm_store import records, train
 pytestmark = pytest.mark.slow
 WAIT_S = 3.0
 BUDGET_S = 1.0
+WAITING_BUDGET_S = 40.0  # past the updates 16 rollouts make, short of the batch wait
 
 
 def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp_path, tiny_dir):
@@ -50,4 +52,21 @@ def test_a_trainer_past_its_budget_stops_before_the_next_update_and_exports_that
     assert last["step"] == len(updates) and last["train/out_of_time"] == 1.0
     assert last["train/elapsed_s"] >= BUDGET_S and "train/stalled" not in last
     assert (tmp_path / "run" / "checkpoints" / str(len(updates))).is_dir()
+    assert (tmp_path / "run" / "export" / f"step-{len(updates)}" / "model.safetensors").is_file()
+
+
+def test_a_budget_that_ends_while_the_trainer_waits_for_a_batch_ends_the_wait(tmp_path, tiny_dir):
+    dm_store.fill(tmp_path / "store", n=16)
+    config, stop = dm_store.rl_trainer(tmp_path, "run", tmp_path / "store", tiny_dir,
+                                       TrainRunConfig(steps=100, batch_wait_s=600, max_seconds=WAITING_BUDGET_S),
+                                       CheckpointConfig(every_steps=100, async_save=False))
+    try:
+        proc = train(config)
+        assert proc.wait(300) == 0, proc.stderr.read()[-3000:]
+    finally:
+        stop.set()
+    *updates, last = records(tmp_path / "run")
+    assert updates and last["step"] == len(updates)
+    assert last["train/out_of_time"] == 1.0 and "train/stalled" not in last
+    assert WAITING_BUDGET_S <= last["train/elapsed_s"] < WAITING_BUDGET_S + 30  # not the 600 s wait
     assert (tmp_path / "run" / "export" / f"step-{len(updates)}" / "model.safetensors").is_file()
