@@ -62,8 +62,8 @@ class TrainRunConfig:
     # the training loop's wall-clock budget in seconds, from its start in this process (a
     # resumed trainer gets it afresh): the trainer stops before the first update that would
     # begin past it, or when it runs out waiting for a batch (metrics: train/out_of_time;
-    # checkpoint and export as usual). On a pod,
-    # process 0's clock decides. `dart-jax run` gives it to the RL phase only. None: no limit.
+    # checkpoint and export as usual). On a pod, process 0's clock decides. `dart-jax run`
+    # gives it to the RL phase only. None: no limit.
     max_seconds: float | None = bounded(None, gt=0)
     sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
     export: bool = True
