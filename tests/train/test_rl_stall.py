@@ -17,17 +17,21 @@ BUDGET_S = 1.0
 WAITING_BUDGET_S = 40.0  # past the updates 16 rollouts make, short of the batch wait
 
 
-def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp_path, tiny_dir):
-    dm_store.fill(tmp_path / "store", n=16)
-    config, stop = dm_store.rl_trainer(tmp_path, "run", tmp_path / "store", tiny_dir,
-                                       TrainRunConfig(steps=100, batch_wait_s=WAIT_S),
+def _stop_early(tmp_path, tiny_dir, rollouts: int, run: TrainRunConfig) -> list[dict]:
+    """The metrics records of a trainer run to its end against a store of `rollouts`."""
+    dm_store.fill(tmp_path / "store", n=rollouts)
+    config, stop = dm_store.rl_trainer(tmp_path, "run", tmp_path / "store", tiny_dir, run,
                                        CheckpointConfig(every_steps=100, async_save=False))
     try:
         proc = train(config)
         assert proc.wait(300) == 0, proc.stderr.read()[-3000:]
     finally:
         stop.set()
-    *updates, last = records(tmp_path / "run")
+    return records(tmp_path / "run")
+
+
+def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp_path, tiny_dir):
+    *updates, last = _stop_early(tmp_path, tiny_dir, 16, TrainRunConfig(steps=100, batch_wait_s=WAIT_S))
     assert updates and [r["step"] for r in updates] == list(range(1, len(updates) + 1))
     assert all("train/stalled" not in r for r in updates)
     assert last["step"] == len(updates) < 100
@@ -37,17 +41,9 @@ def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp
 
 
 def test_a_trainer_past_its_budget_stops_before_the_next_update_and_exports_that_policy(tmp_path, tiny_dir):
-    dm_store.fill(tmp_path / "store", n=48)
     # the first update compiles the step (seconds on a CPU): the budget is spent after it
-    config, stop = dm_store.rl_trainer(tmp_path, "run", tmp_path / "store", tiny_dir,
-                                       TrainRunConfig(steps=100, batch_wait_s=60, max_seconds=BUDGET_S),
-                                       CheckpointConfig(every_steps=100, async_save=False))
-    try:
-        proc = train(config)
-        assert proc.wait(300) == 0, proc.stderr.read()[-3000:]
-    finally:
-        stop.set()
-    *updates, last = records(tmp_path / "run")
+    *updates, last = _stop_early(tmp_path, tiny_dir, 48,
+                                 TrainRunConfig(steps=100, batch_wait_s=60, max_seconds=BUDGET_S))
     assert updates and [r["step"] for r in updates] == list(range(1, len(updates) + 1))
     assert last["step"] == len(updates) and last["train/out_of_time"] == 1.0
     assert last["train/elapsed_s"] >= BUDGET_S and "train/stalled" not in last
@@ -56,16 +52,8 @@ def test_a_trainer_past_its_budget_stops_before_the_next_update_and_exports_that
 
 
 def test_a_budget_that_ends_while_the_trainer_waits_for_a_batch_ends_the_wait(tmp_path, tiny_dir):
-    dm_store.fill(tmp_path / "store", n=16)
-    config, stop = dm_store.rl_trainer(tmp_path, "run", tmp_path / "store", tiny_dir,
-                                       TrainRunConfig(steps=100, batch_wait_s=600, max_seconds=WAITING_BUDGET_S),
-                                       CheckpointConfig(every_steps=100, async_save=False))
-    try:
-        proc = train(config)
-        assert proc.wait(300) == 0, proc.stderr.read()[-3000:]
-    finally:
-        stop.set()
-    *updates, last = records(tmp_path / "run")
+    *updates, last = _stop_early(tmp_path, tiny_dir, 16,
+                                 TrainRunConfig(steps=100, batch_wait_s=600, max_seconds=WAITING_BUDGET_S))
     assert updates and last["step"] == len(updates)
     assert last["train/out_of_time"] == 1.0 and "train/stalled" not in last
     assert WAITING_BUDGET_S <= last["train/elapsed_s"] < WAITING_BUDGET_S + 30  # not the 600 s wait
