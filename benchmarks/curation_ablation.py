@@ -62,7 +62,7 @@ def variant(cfg, on: int) -> list[str]:
 def one_run(config: Path, root: Path, name: str, extra: list[str]) -> dict:
     from dart_jax.config import load
     from dart_jax.run.main import run
-    from dart_jax.run.schema import RunConfig
+    from dart_jax.config.schema import RunConfig
     summary = run(load(RunConfig, config, [f"run.root={root}", f"run.name={name}", "run.view=lines",
                                            *socket_overrides(root, name), *extra]))
     print(json.dumps({"run": name, **{k: v for k, v in summary.items() if k != "plots"}}), flush=True)
@@ -87,9 +87,9 @@ def sft_summary(run_dir: Path) -> dict:
 
 def main() -> None:
     from dart_jax.config import load
-    from dart_jax.run.evaluate import load_outcomes, paired_gain, wilson
+    from dart_jax.eval.stats import load_outcomes, paired_gain, wilson
     from dart_jax.run.main import stop_on_sigterm
-    from dart_jax.run.schema import RunConfig
+    from dart_jax.config.schema import RunConfig
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's train.steps)")

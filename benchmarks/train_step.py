@@ -6,7 +6,7 @@
 
 One step is an SFT update on `rows` sequences of `length` tokens (rows = tokens_per_step /
 length, at least 1): forward, backward, global-norm clip and AdamW, fp32 master weights with
-`--dtype` compute (bf16 off CPU). Ours is `train.step.Steps` (scanned layers, remat policy,
+`--dtype` compute (bf16 off CPU). Ours is `train.step.TrainFunctions` (scanned layers, remat policy,
 attention kernel chosen per backend, fused log-prob kernel, fused AdamW). The reference is
 transformers' Qwen2_5_VLForConditionalGeneration on the same shapes: SDPA attention, gradient
 checkpointing, autocast to the compute dtype, clip_grad_norm_, AdamW (fused on CUDA). Both
@@ -76,7 +76,7 @@ def peak_flops(device_kind: str, override: float | None) -> float | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Job:
+class Case:
     framework: str  # "jax" | "jax-compile" | "torch"
     size: str
     length: int
@@ -102,46 +102,46 @@ def synthetic_batch(config: Qwen25VLConfig, rows: int, length: int, seed: int = 
                       np.zeros((rows, 1), np.int32), np.ones((rows, 1), bool))
 
 
-def run_jax(job: Job) -> dict:
+def run_jax(case: Case) -> dict:
     import jax
     from flax import nnx
 
     from dart_jax.models.qwen25vl import create_model
     from dart_jax.models.sharding import make_mesh
     from dart_jax.train.config import OptimizerConfig, TrainerConfig
-    from dart_jax.train.pipeline import to_global
-    from dart_jax.train.step import RowTargets, Scores, Steps
+    from dart_jax.train.batch import to_global
+    from dart_jax.train.step import RowTargets, Scores, TrainFunctions
 
-    config = model_config(job.size)
+    config = model_config(case.size)
     mesh = make_mesh(1, 1, 1)
-    model = nnx.jit(lambda: create_model(config, dtype=job.dtype, remat=job.remat))()
+    model = nnx.jit(lambda: create_model(config, dtype=case.dtype, remat=case.remat))()
     graphdef, params = nnx.split(model)
-    cfg = TrainerConfig(mode="sft", compute_dtype=job.dtype, remat=job.remat, optimizer=OptimizerConfig(lr=1e-5))
-    steps = Steps(graphdef, params, cfg, mesh)
-    state = steps.init_state(params)
+    cfg = TrainerConfig(mode="sft", compute_dtype=case.dtype, remat=case.remat, optimizer=OptimizerConfig(lr=1e-5))
+    fns = TrainFunctions(graphdef, params, cfg, mesh)
+    state = fns.init_state(params)
     del model, params
-    mb = to_global(synthetic_batch(config, job.rows, job.length), mesh)
-    ones = np.ones(job.rows, np.float32)  # one step slot a row
-    ones = jax.device_put(ones, steps.row_shardings(ones))
+    mb = to_global(synthetic_batch(config, case.rows, case.length), mesh)
+    ones = np.ones(case.rows, np.float32)  # one step slot a row
+    ones = jax.device_put(ones, fns.row_shardings(ones))
     rows = RowTargets(ones, ones, Scores(None, None, None))
 
     def step(state):
-        acc = steps.zeros(state.params, mb, rows)
-        return steps.apply(state, steps.accumulate(state.params, acc, mb, rows))
+        acc = fns.zeros(state.params, mb, rows)
+        return fns.apply(state, fns.accumulate(state.params, acc, mb, rows))
 
     start = time.perf_counter()
     state, metrics = step(state)
     jax.block_until_ready(metrics)
     first = time.perf_counter() - start
     times = []
-    for _ in range(job.steps):
+    for _ in range(case.steps):
         start = time.perf_counter()
         state, metrics = step(state)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
     peak, source = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use"), "memory_stats"
     if peak is None:  # CPU: XLA's analysis of the compiled accumulate step
-        exe = steps.compile_accumulate(state.params, steps.accumulator_shapes(state.params, mb, rows), mb, rows)
+        exe = fns.compile_accumulate(state.params, fns.accumulator_shapes(state.params, mb, rows), mb, rows)
         peak, source = xla_bytes(exe), "xla_memory_analysis"
     return {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
             "peak_bytes": int(peak), "peak_source": source, "loss": float(metrics["loss/total"])}
@@ -152,7 +152,7 @@ def xla_bytes(exe) -> int:
     return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
 
 
-def compile_jax(job: Job) -> dict:
+def compile_jax(case: Case) -> dict:
     """Compile ours without running it (no parameter memory): XLA's memory analysis of the
     accumulate step (forward + backward) and the compile time, for shapes this host cannot run."""
     import jax
@@ -160,19 +160,19 @@ def compile_jax(job: Job) -> dict:
     from dart_jax.models.qwen25vl import abstract_model
     from dart_jax.models.sharding import make_mesh
     from dart_jax.train.config import TrainerConfig
-    from dart_jax.train.step import RowTargets, Scores, Steps
+    from dart_jax.train.step import RowTargets, Scores, TrainFunctions
 
-    config = model_config(job.size)
-    graphdef, params = abstract_model(config, dtype=job.dtype)
-    cfg = TrainerConfig(mode="sft", compute_dtype=job.dtype, remat=job.remat)
-    steps = Steps(graphdef, params, cfg, make_mesh(1, 1, 1))
+    config = model_config(case.size)
+    graphdef, params = abstract_model(config, dtype=case.dtype)
+    cfg = TrainerConfig(mode="sft", compute_dtype=case.dtype, remat=case.remat)
+    fns = TrainFunctions(graphdef, params, cfg, make_mesh(1, 1, 1))
     sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
     params = jax.tree.map(sds, params)
-    mb = jax.tree.map(sds, synthetic_batch(config, job.rows, job.length))
-    ones = jax.ShapeDtypeStruct((job.rows,), np.float32)
+    mb = jax.tree.map(sds, synthetic_batch(config, case.rows, case.length))
+    ones = jax.ShapeDtypeStruct((case.rows,), np.float32)
     rows = RowTargets(ones, ones, Scores(None, None, None))
     start = time.perf_counter()
-    exe = steps.compile_accumulate(params, steps.accumulator_shapes(params, mb, rows), mb, rows)
+    exe = fns.compile_accumulate(params, fns.accumulator_shapes(params, mb, rows), mb, rows)
     m = exe.memory_analysis()
     return {"compile_s": time.perf_counter() - start, "temp_bytes": m.temp_size_in_bytes,
             "argument_bytes": m.argument_size_in_bytes, "peak_bytes": xla_bytes(exe),
@@ -181,13 +181,13 @@ def compile_jax(job: Job) -> dict:
 
 # ---- transformers + torch -------------------------------------------------------------
 
-def run_torch(job: Job) -> dict:
+def run_torch(case: Case) -> dict:
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    hf_config = Qwen2_5_VLConfig(**model_config(job.size).to_hf())
+    hf_config = Qwen2_5_VLConfig(**model_config(case.size).to_hf())
     hf_config._attn_implementation = "sdpa"
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration(hf_config).train()
@@ -195,8 +195,8 @@ def run_torch(job: Job) -> dict:
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=cuda)
     gen = torch.Generator(device).manual_seed(0)
-    ids = torch.randint(0, hf_config.text_config.vocab_size, (job.rows, job.length), device=device, generator=gen)
-    compute = getattr(torch, job.dtype)
+    ids = torch.randint(0, hf_config.text_config.vocab_size, (case.rows, case.length), device=device, generator=gen)
+    compute = getattr(torch, case.dtype)
 
     def step() -> float:
         with torch.autocast(device, dtype=compute, enabled=compute != torch.float32):
@@ -211,7 +211,7 @@ def run_torch(job: Job) -> dict:
     step()
     first = time.perf_counter() - start
     times = []
-    for _ in range(job.steps):
+    for _ in range(case.steps):
         start = time.perf_counter()
         loss = step()
         times.append(time.perf_counter() - start)
@@ -222,9 +222,9 @@ def run_torch(job: Job) -> dict:
 
 # ---- driver ---------------------------------------------------------------------------
 
-def measure(job: Job, timeout: int) -> dict:
-    """One job in a fresh process: its figures, or why there are none."""
-    cmd = [sys.executable, "-m", "benchmarks.train_step", "--worker", json.dumps(dataclasses.asdict(job))]
+def measure(case: Case, timeout: int) -> dict:
+    """One case in a fresh process: its figures, or why there are none."""
+    cmd = [sys.executable, "-m", "benchmarks.train_step", "--worker", json.dumps(dataclasses.asdict(case))]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -237,12 +237,12 @@ def measure(job: Job, timeout: int) -> dict:
     return {"status": "ok", **json.loads(lines[-1])}
 
 
-def summarize(job: Job, res: dict, peak: float | None) -> dict:
+def summarize(case: Case, res: dict, peak: float | None) -> dict:
     if res["status"] != "ok" or "step_s" not in res:
         return res
-    tokens = job.rows * job.length
+    tokens = case.rows * case.length
     tps = tokens / res["step_s"]
-    mfu = tps * flops_per_token(model_config(job.size), job.length) / peak if peak else None
+    mfu = tps * flops_per_token(model_config(case.size), case.length) / peak if peak else None
     return {**res, "tokens_per_s": tps, "mfu": mfu}
 
 
@@ -271,9 +271,9 @@ def main() -> None:
                     help="ours only, compiled not run: XLA's memory analysis and compile time")
     args = ap.parse_args()
     if args.worker:
-        job = Job(**json.loads(args.worker))
-        run = {"jax": run_jax, "jax-compile": compile_jax, "torch": run_torch}[job.framework]
-        print(json.dumps(run(job)))
+        case = Case(**json.loads(args.worker))
+        run = {"jax": run_jax, "jax-compile": compile_jax, "torch": run_torch}[case.framework]
+        print(json.dumps(run(case)))
         return
     info = machine()
     small = info["backend"] == "cpu" and not args.compile_only  # compiling needs no device memory
@@ -287,8 +287,8 @@ def main() -> None:
         for length in lengths:
             row = {"size": size, "length": length, "rows": max(1, per_step // length)}
             for fw in ["jax-compile"] if args.compile_only else args.frameworks.split(","):
-                job = Job(fw, size, length, row["rows"], args.steps, dtype, args.remat)
-                row[fw] = summarize(job, measure(job, args.timeout), peak)
+                case = Case(fw, size, length, row["rows"], args.steps, dtype, args.remat)
+                row[fw] = summarize(case, measure(case, args.timeout), peak)
             ours, ref = row.get("jax", {}), row.get("torch", {})
             if ours.get("status") == ref.get("status") == "ok":
                 row["speedup_vs_torch"] = ours["tokens_per_s"] / ref["tokens_per_s"]

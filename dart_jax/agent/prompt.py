@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from dart_jax.agent.image_processing import ImageLike, ImageProcessorConfig
 
@@ -178,7 +179,6 @@ class PromptBuilder:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, cfg: PromptConfig = PromptConfig()) -> "PromptBuilder":
-        from tokenizers import Tokenizer
         model_dir = Path(model_dir)
         return cls(Tokenizer.from_file(str(model_dir / "tokenizer.json")),
                    ImageProcessorConfig.from_pretrained(model_dir), cfg)

@@ -9,7 +9,7 @@
 Each instance gets its own config file (runs/<name>/roles/<instance>.yaml: the run config
 with that instance's worker id and endpoints) and a launcher (`local` processes here;
 `ray` actors on a cluster, where Ray itself restarts an actor whose process dies: see
-dart_jax.run.ray_launch). An env server a launcher placed on a node of its choosing and
+dart_jax.run.launchers.ray). An env server a launcher placed on a node of its choosing and
 bound to 0.0.0.0 is pinged, and reached by rollout workers, at that node's address.
 Watching: processes are polled, servers (data manager, env servers) are pinged every
 `run.heartbeat_s` and one that misses three pings in a row is killed. A dead instance is
@@ -29,8 +29,9 @@ from typing import Callable, Iterable
 
 from dart_jax.config import dump
 from dart_jax.rundir import RunDir
-from dart_jax.run.launch import Instance, LocalLauncher, Process
-from dart_jax.run.schema import RoleSpec, RunConfig
+from dart_jax.run.launchers.local import Instance, LocalLauncher, Process
+from dart_jax.config.schema import RunConfig
+from dart_jax.run.config import RoleSpec
 from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.messages import Ping
 
@@ -62,7 +63,7 @@ def instance_configs(cfg: RunConfig, role: str, count: int, hosts: dict[str, str
     """The config of each instance of `role`: env servers on endpoints of their own, rollout
     workers with their own ids and every env server's endpoint (an env server bound to all
     interfaces of a cluster node is reached at that node's address, `hosts`)."""
-    envs = env_wires(cfg)
+    envs = cfg.env_wires()
     if role == "env-server":
         return [dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, wire=w)) for w in envs]
     if role == "rollout":
@@ -78,21 +79,6 @@ def _reachable(wire: WireConfig, host: str | None) -> WireConfig:
     return dataclasses.replace(wire, endpoint=wire.endpoint.replace("0.0.0.0", host, 1))
 
 
-def env_wires(cfg: RunConfig) -> list[WireConfig]:
-    """The endpoint of each env server of the placement: the configured one, then the next ports."""
-    count = sum(s.count for s in cfg.run.placement if s.role == "env-server") or 1
-    return [dataclasses.replace(cfg.envs.wire, endpoint=_nth_endpoint(cfg.envs.wire.endpoint, i)) for i in range(count)]
-
-
-def _nth_endpoint(endpoint: str, i: int) -> str:
-    if i == 0:
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        host, _, port = endpoint.rpartition(":")
-        return f"{host}:{int(port) + i}"
-    return f"{endpoint}.{i}"
-
-
 class Supervisor:
     def __init__(self, cfg: RunConfig, run: RunDir, launchers: dict | None = None):
         self.cfg, self.run = cfg, run
@@ -104,7 +90,7 @@ class Supervisor:
 
     def launcher(self, name: str):
         if name not in self.launchers:  # the Ray launcher connects when a role first needs it
-            from dart_jax.run.ray_launch import RayLauncher
+            from dart_jax.run.launchers.ray import RayLauncher  # Ray, an optional dependency: on first use
             self.launchers[name] = RayLauncher(self.cfg.run.ray_address, namespace=f"dart-jax-{self.cfg.run.name}")
         return self.launchers[name]
 

@@ -7,7 +7,7 @@ import pytest
 from dart_jax.data.config import CurationConfig
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import Store
-from dart_jax.data.testing import make_trajectory, put
+from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.wire.messages import NoTask, TaskAssignment
 
 CFG = CurationConfig()

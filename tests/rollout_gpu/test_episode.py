@@ -25,8 +25,8 @@ class FixedText:
 
 
 @pytest.fixture(scope="module")
-def builder(tmp_path_factory):
-    return PromptBuilder.from_pretrained(make_tiny_hf_dir(tmp_path_factory.mktemp("tiny")))
+def builder(tiny_dir):
+    return PromptBuilder.from_pretrained(tiny_dir)
 
 
 def play(builder, text, max_steps, **server):

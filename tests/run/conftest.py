@@ -1,19 +1,7 @@
-"""Fixtures of the tests of dart_jax.run: the recorded run, and a Ray cluster.
-
-tests/run/data/run is a run of about 40 seconds recorded with
-
-    PYTHONPATH=$PWD python tests/run/data/emulate.py tests/run/data/run
-
-the real data manager (scheduling, ingest, curation, batch records) driven by emulated
-rollout workers (2 x 3 episodes, 8 env slots) and an emulated trainer on the wall clock,
-each writing what the real role writes (see that script's docstring). Tests get a copy,
-since rendering writes under the run directory.
-"""
+"""Fixtures of the tests of dart_jax.run: a Ray cluster on loopback."""
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +10,7 @@ from typing import Iterator
 
 import pytest
 
-RECORDED = Path(__file__).parent / "data" / "run"
-
-
-@pytest.fixture
-def recorded(tmp_path) -> Path:
-    return Path(shutil.copytree(RECORDED, tmp_path / "run"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.net import free_port
 
 
 @pytest.fixture(scope="session")

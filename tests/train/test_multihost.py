@@ -19,9 +19,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from dart_jax.config import dump
-from dart_jax.run.schema import PolicySection, RunConfig, RunSection
+from dart_jax.config.schema import RunConfig
+from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.train.config import BucketConfig, MeshConfig, OptimizerConfig, TrainerConfig
-from dart_jax.train.main import DistributedConfig, TrainRunConfig
+from dart_jax.train.config import DistributedConfig, TrainRunConfig
 from dart_jax.wire import Client, WireConfig, WireTimeout
 from dart_jax.wire.messages import WeightAnnounce, WeightPull
 from dart_jax.wire.pubsub import Subscriber

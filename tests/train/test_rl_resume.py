@@ -7,15 +7,14 @@ and started again. The data manager replays every batch it handed out after B's 
 so B's steps after its checkpoint see A's batches.
 """
 
-import signal
-import time
 
 import pytest
 
 from dart_jax.train.config import CheckpointConfig
-from dart_jax.train.main import TrainRunConfig
+from dart_jax.train.config import TrainRunConfig
 from tests.train import dm_store
 from tests.train.dm_store import records, train
+from tests.procs import kill_when
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY = 6, 2
@@ -38,12 +37,7 @@ def test_a_killed_rl_trainer_resumes_on_the_same_batches_with_the_same_losses(tm
     killed_cfg, stop_b = _start(tmp_path, "killed", store, tiny_dir)
     try:
         whole, killed = train(whole_cfg), train(killed_cfg)
-        deadline = time.monotonic() + 600
-        while not (tmp_path / "killed" / "checkpoints" / str(EVERY * 2)).exists():
-            assert killed.poll() is None and time.monotonic() < deadline, killed.stderr.read()[-3000:]
-            time.sleep(0.2)
-        killed.send_signal(signal.SIGKILL)
-        killed.wait()
+        kill_when(killed, lambda: (tmp_path / "killed" / "checkpoints" / str(EVERY * 2)).exists())
         before = records(tmp_path / "killed")
         resumed = train(killed_cfg)
         assert resumed.wait(600) == 0, resumed.stderr.read()[-3000:]

@@ -4,11 +4,18 @@ import jax
 import numpy as np
 import pytest
 
+from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
+from dart_jax.models.inputs import ModelInputs
+from dart_jax.models.qwen25vl import abstract_model
 from dart_jax.models.sharding import make_mesh
-from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig,
+from dart_jax.train.batch import TrainBatch
+from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig, TISConfig,
                                    TrainerConfig)
+from dart_jax.train.prepare import prepare_rl, prepare_sft
+from dart_jax.train.optimizer import schedule_of
+from dart_jax.train.step import RowTargets, Scores, TrainFunctions, token_scores
 from dart_jax.train.trainer import Trainer
-from tests.train.trajectories import collator, examples, plan_inline, trajectory
+from tests.trajectories import collator, examples, layout_inline, trajectory
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +37,17 @@ def _assert_close(a, b, atol=1e-5):
 
 def test_sharded_step_on_8_devices_matches_one_device(tiny_dir, group_trajs):
     # every RL term is on: selection, TIS, k3 KL (reference pass), GSPO-free dual clip
-    cfg = TrainerConfig(mode="rl", loss=LossConfig(kl_coef=0.1, policy=DualClipLoss()))
+    # lr 1e-3: AdamW moves each weight by about that much, far past the tolerance the two
+    # meshes' weights are compared at, so a wrong update on either mesh shows
+    cfg = TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-3),
+                        loss=LossConfig(kl_coef=0.1, policy=DualClipLoss()))
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
+    rl = layout_inline(group_trajs, col)
     results = []
     for mesh in (make_mesh(1, 1, 1), make_mesh(data=2, fsdp=2, tp=2)):
         tr = Trainer(cfg, tiny_dir, mesh)
-        micro, rows, _ = tr.prepare_rl(rl, col)
-        acc = tr.gradients(micro, rows)
+        before = jax.device_get(tr.state.params)
+        acc = tr.gradients(prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg))
         grads = _mean_grads(acc, cfg.loss.aggregation)
         metrics = jax.device_get(tr._apply(acc))
         results.append((grads, metrics, jax.device_get(tr.state.params)))
@@ -46,7 +56,12 @@ def test_sharded_step_on_8_devices_matches_one_device(tiny_dir, group_trajs):
     for key in ("loss/total", "loss/policy", "loss/kl", "optim/grad_norm"):
         np.testing.assert_allclose(m8[key], m1[key], atol=1e-5, err_msg=key)
     assert float(m1["optim/grad_norm"]) > 0
-    _assert_close(p1, p8)
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(before)))
+    assert moved > 0.5 * cfg.optimizer.lr
+    # Adam's first step moves each weight by about lr * sign(g), so a weight whose gradient is
+    # near zero turns the meshes' different summation orders into a visible difference: the
+    # updates are compared to 5% of one step (a wrong update differs by about a whole step)
+    _assert_close(p1, p8, atol=0.05 * cfg.optimizer.lr)
 
 
 @pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean"])
@@ -58,7 +73,7 @@ def test_accumulated_micro_batches_equal_one_batch(tiny_dir, group_trajs, mode):
     rows = [e for t in group_trajs[:2] for e in examples(collator(tiny_dir, 4), t)][:3]
     whole = [collator(tiny_dir, 4).collate(rows)]
     halves = [collator(tiny_dir, 2).collate(rows[:2]), collator(tiny_dir, 2).collate(rows[2:])]
-    accs = [tr.gradients(*tr.prepare_sft(batches)) for batches in (whole, halves)]
+    accs = [tr.gradients(prepare_sft(tr.mesh, batches)) for batches in (whole, halves)]
     _assert_close(_mean_grads(accs[0], mode), _mean_grads(accs[1], mode))
     loss = [float(a.sums["loss/total"]) / float(a.counts.of(mode)) for a in accs]
     np.testing.assert_allclose(loss[0], loss[1], rtol=1e-6)
@@ -72,7 +87,7 @@ def _rl_cfg(**kw):
 
 def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, group_trajs):
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
+    rl = layout_inline(group_trajs, col)
     once = Trainer(_rl_cfg(), tiny_dir, make_mesh(1, 1, 1))
     for _ in range(2):  # a fresh batch each time: old = current policy, ratio exactly 1
         m = jax.device_get(once.update_rl(rl, col))
@@ -80,12 +95,12 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
     twice = Trainer(_rl_cfg(updates_per_batch=2), tiny_dir, make_mesh(1, 1, 1))
     m = jax.device_get(twice.update_rl(rl, col))  # the second update's metrics
     assert twice.step == 2 and abs(float(m["loss/ratio"]) - 1.0) > 1e-3
-    assert twice.steps.compiles["score"] >= 1  # old logprobs came from the no-grad pass
+    assert twice.fns.compiles["score"] >= 1  # old logprobs came from the no-grad pass
 
 
 def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs):
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
+    rl = layout_inline(group_trajs, col)
     tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5)), tiny_dir,
                  make_mesh(1, 1, 1))
     m = jax.device_get(tr.update_rl(rl, col))
@@ -105,20 +120,20 @@ def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, gro
     results = []
     for pack in (1, 2):
         col = collator(tiny_dir, 2, seq_lens=(2048,), num_slots=(3072,), pack=pack)
-        rl = plan_inline(group_trajs[:2], col)  # one task: a success and a failure, two steps each
-        steps = [r for rows in rl.plan for row in rows for r in row]
-        micro, rows, metrics = tr.prepare_rl(rl, col)
+        rl = layout_inline(group_trajs[:2], col)  # one task: a success and a failure, two steps each
+        steps = [r for rows in rl.layout for row in rows for r in row]
+        prepared = prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg)
         logp = {}
-        for m, (mb, targets) in enumerate(zip(micro, rows)):
+        for m, (mb, targets) in enumerate(zip(prepared.micro, prepared.rows)):
             mask_NxT = np.asarray(mb.loss_mask_BxPxT).reshape(-1, 2048)
             old_NxT = np.asarray(targets.scores.logp_old_NxT)
             for slot, k in enumerate(rl.slot_steps(m)):
                 if k >= 0:
                     logp[steps[k].traj, steps[k].step] = old_NxT[slot][mask_NxT[slot] > 0]
-        results.append((rl, logp, jax.device_get(tr.gradients(micro, rows)), jax.device_get(metrics)))
+        results.append((rl, logp, jax.device_get(tr.gradients(prepared)), jax.device_get(prepared.metrics)))
     (single, logp1, acc1, m1), (packed, logp2, acc2, m2) = results
-    assert [len(row) for rows in single.plan for row in rows] == [1, 1, 1, 1]
-    assert [len(row) for rows in packed.plan for row in rows] == [2, 2]  # one microbatch
+    assert [len(row) for rows in single.layout for row in rows] == [1, 1, 1, 1]
+    assert [len(row) for rows in packed.layout for row in rows] == [2, 2]  # one microbatch
     assert sorted(logp1) == sorted(logp2) and len(logp1) == 4
     for key in logp1:
         np.testing.assert_allclose(logp2[key], logp1[key], atol=1e-5, err_msg=str(key))
@@ -138,7 +153,6 @@ def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, gro
     ("cosine", [0.0, 0.5, 1.0, 0.5, 0.0]),
 ])
 def test_schedules(schedule, want):
-    from dart_jax.train.optimizer import schedule_of
     lr = schedule_of(OptimizerConfig(lr=1.0, schedule=schedule, warmup_steps=2, total_steps=4))
     np.testing.assert_allclose([float(lr(i)) for i in range(5)], want, atol=1e-6)
 
@@ -154,19 +168,14 @@ def test_bf16_compute_keeps_fp32_master_weights(tiny_dir, group_trajs):
 # ---- compiled-program facts (XLA's own analysis of the accumulate step, shapes only) ----
 
 def _abstract_step(layers: int, remat: str, rows=2, seq_len=2048):
-    """Steps' compiled `accumulate` (forward + backward of the SFT loss) of a 256-wide decoder."""
-    from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
-    from dart_jax.models.inputs import ModelInputs
-    from dart_jax.models.qwen25vl import abstract_model
-    from dart_jax.train.batch import TrainBatch
-    from dart_jax.train.step import RowTargets, Scores, Steps
+    """TrainFunctions' compiled `accumulate` (forward + backward of the SFT loss) of a 256-wide decoder."""
 
     text = TextConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, mrope_section=(8, 12, 12))
     vision = VisionConfig(depth=1, hidden_size=64, intermediate_size=64, num_heads=2, out_hidden_size=256,
                           fullatt_block_indexes=(0,))
     graphdef, params = abstract_model(Qwen25VLConfig(text=text, vision=vision))
-    steps = Steps(graphdef, params, TrainerConfig(mode="sft", remat=remat), make_mesh(1, 1, 1))
+    fns = TrainFunctions(graphdef, params, TrainerConfig(mode="sft", remat=remat), make_mesh(1, 1, 1))
     sds = jax.ShapeDtypeStruct
     i32, f32 = np.int32, np.float32
     BxT, BxP, B = (rows, seq_len), (rows, 1), (rows,)
@@ -176,8 +185,8 @@ def _abstract_step(layers: int, remat: str, rows=2, seq_len=2048):
                     sds(BxP, np.bool_))
     row_targets = RowTargets(sds(B, f32), sds(B, f32), Scores(None, None, None))
     params = jax.tree.map(lambda x: sds(x.shape, x.dtype), params)
-    acc = steps.accumulator_shapes(params, mb, row_targets)
-    return steps.compile_accumulate(params, acc, mb, row_targets)
+    acc = fns.accumulator_shapes(params, mb, row_targets)
+    return fns.compile_accumulate(params, acc, mb, row_targets)
 
 
 def test_remat_full_keeps_a_small_fraction_of_the_activations():
@@ -202,19 +211,16 @@ def test_an_rl_update_favours_the_successes_over_the_failures(tiny_dir, group_tr
     """The sign of the whole RL path (plan, advantages, loss, optimizer): after one update on
     a batch, the log-likelihood of each task's successful responses rose by more than that
     of its failed ones (all may move together: Adam's first step moves every weight)."""
-    from dart_jax.train.config import TISConfig
-    from dart_jax.train.step import token_scores
-
     cfg = _rl_cfg(loss=LossConfig(kl_coef=0.0, advantage_normalize=normalize), tis=TISConfig(enabled=False))
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
+    rl = layout_inline(group_trajs, col)
     tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
 
     def loglik_per_step() -> np.ndarray:
-        micro, _, _ = tr.prepare_rl(rl, col)
+        micro = prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg).micro
         out = np.zeros(len(rl.reward_N))
         for m, mb in enumerate(micro):
-            logp, _ = token_scores(tr.steps.graphdef, tr.state.params, mb, cfg)
+            logp, _ = token_scores(tr.fns.graphdef, tr.state.params, mb, cfg)
             per_slot = np.asarray((logp * mb.loss_mask_BxPxT.reshape(logp.shape)).sum(-1))
             steps = rl.slot_steps(m)
             out[steps[steps >= 0]] = per_slot[steps >= 0]

@@ -1,0 +1,281 @@
+"""`dart-jax tpu`: the exact gcloud commands, their order, polling, failures, and the CLI's one-line errors."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dart_jax.config import dump, from_dict, load
+from dart_jax.config.loader import ConfigError
+from dart_jax.config.schema import RunConfig
+from dart_jax.run.launchers import tpu
+from dart_jax.run.launchers.config import TPUConfig
+from dart_jax.run.launchers.tpu import Completed, Env, TPUCommandError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The gcloud reference's synopsis of each command (cloud.google.com/sdk/gcloud/reference/compute/tpus/...),
+# plus the gcloud-wide flags --project, --format and --quiet:
+#   queued-resources create QR --zone --runtime-version --accelerator-type --node-id [--internal-ips]
+#     [--network] [--reserved] [--service-account] [--spot] [--subnetwork] [--valid-until-duration] ...
+#     (alpha only: [--best-effort])
+#   queued-resources describe QR --zone;  queued-resources delete QR --zone [--async] [--force]
+#   tpu-vm ssh TPU [--internal-ip] [--worker=WORKER; default="0"] [--zone] [--command=COMMAND]
+#   tpu-vm scp SRC... DEST [--internal-ip] [--worker] [--zone]
+WIDE = {"--project", "--format", "--quiet"}
+DOCUMENTED = {
+    "queued-resources create": {"--zone", "--runtime-version", "--accelerator-type", "--node-id", "--internal-ips",
+                                "--network", "--reserved", "--service-account", "--spot", "--subnetwork",
+                                "--valid-until-duration", "--best-effort"},
+    "queued-resources describe": {"--zone"},
+    "queued-resources delete": {"--zone", "--async", "--force"},
+    "tpu-vm ssh": {"--internal-ip", "--worker", "--zone", "--command"},
+    "tpu-vm scp": {"--internal-ip", "--worker", "--zone"},
+}
+
+SUBMIT = """\
+# 1. create the queued resource ({type}, spot)
+gcloud compute tpus queued-resources create {name} --node-id={name} --zone={zone} --project=my-project \
+--accelerator-type={type} --runtime-version={runtime} --spot
+# 2. every 30 s until ACTIVE (at most 21600 s)
+gcloud compute tpus queued-resources describe {name} --zone={zone} --project=my-project '--format=value(state.state)'
+# 3. install dart-jax on every worker
+gcloud compute tpus tpu-vm ssh {name} --zone={zone} --project=my-project --worker=all '--command=mkdir -p dart-jax \
+&& cd dart-jax && python3 -m pip install --upgrade "dart-jax[tpu]" huggingface_hub && hf download \
+ByteDance-Seed/UI-TARS-1.5-7B --local-dir UI-TARS-1.5-7B'
+# 4. copy the resolved run config (written to runs/{run}/tpu/run.yaml) to every worker
+gcloud compute tpus tpu-vm scp runs/{run}/tpu/run.yaml {name}:dart-jax/run.yaml --zone={zone} --project=my-project \
+--worker=all
+# 5. start the trainer on every host (the same program everywhere)
+gcloud compute tpus tpu-vm ssh {name} --zone={zone} --project=my-project --worker=all '--command=cd dart-jax && \
+setsid nohup dart-jax train run.yaml > train.log 2>&1 < /dev/null &'
+# 6. follow worker 0's log (^C stops following, not the job)
+gcloud compute tpus tpu-vm ssh {name} --zone={zone} --project=my-project --worker=0 '--command=tail -n +1 -F \
+dart-jax/train.log'
+"""
+SLICES = {  # config -> (zone, node name, accelerator type, runtime version from the TPU software versions page)
+    "v5p-64.yaml": ("us-east5-a", "dart-jax-v5p-64", "v5p-64", "v2-alpha-tpuv5"),
+    "v6e-64.yaml": ("us-east5-b", "dart-jax-v6e-64", "v6e-64", "v2-alpha-tpuv6e"),
+    "v5e-256.yaml": ("us-west4-a", "dart-jax-v5e-256", "v5litepod-256", "v2-alpha-tpuv5-lite"),
+}
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "dart_jax.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=env)
+
+
+@pytest.mark.parametrize("config", sorted(SLICES))
+def test_submit_dry_run_prints_the_commands_in_order(config):
+    zone, name, type_, runtime = SLICES[config]
+    out = _cli("tpu", "submit", f"configs/tpu/{config}", "tpu.project=my-project", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    run = f"ui-tars-7b-{config.removesuffix('.yaml')}"
+    assert out.stdout == SUBMIT.format(type=type_, name=name, zone=zone, runtime=runtime, run=run)
+
+
+def _argvs(config: Path, action: str) -> list[list[str]]:
+    cfg = load(RunConfig, config, ["tpu.project=my-project"])
+    return [list(s.argv) for s in tpu.steps_for(action, cfg.tpu, Path("run.yaml"))]
+
+
+@pytest.mark.parametrize("action", ["submit", "status", "logs", "delete"])
+@pytest.mark.parametrize("config", sorted(SLICES))
+def test_every_flag_is_documented(config, action):
+    for argv in _argvs(ROOT / "configs/tpu" / config, action):
+        assert argv[:3] == ["gcloud", "compute", "tpus"]
+        command = " ".join(argv[3:5])
+        flags = {a.split("=")[0] for a in argv if a.startswith("--")}
+        assert flags <= DOCUMENTED[command] | WIDE, (command, flags - DOCUMENTED[command] - WIDE)
+
+
+def test_options_map_to_flags():
+    t = TPUConfig(project="p", zone="z", name="n", queued_resource="q", accelerator_type="v5p-8",
+                  runtime_version="r", provisioning="reserved", network="net", subnetwork="sub", internal_ips=True,
+                  service_account="sa@p.iam.gserviceaccount.com", valid_until_duration="6h", workdir="w d")
+    assert tpu.create_argv(t) == [
+        "gcloud", "compute", "tpus", "queued-resources", "create", "q", "--node-id=n", "--zone=z", "--project=p",
+        "--accelerator-type=v5p-8", "--runtime-version=r", "--reserved", "--network=net", "--subnetwork=sub",
+        "--service-account=sa@p.iam.gserviceaccount.com", "--valid-until-duration=6h", "--internal-ips"]
+    best = TPUConfig(project="p", zone="z", name="n", provisioning="best-effort")
+    assert tpu.create_argv(best)[:6] == ["gcloud", "alpha", "compute", "tpus", "queued-resources", "create"]
+    assert "--best-effort" in tpu.create_argv(best) and tpu.create_argv(best)[6] == "n"  # the node's name
+    assert tpu.delete_argv(t)[-2:] == ["--force", "--quiet"]
+    ssh = tpu.ssh_argv(t, tpu.launch_command(t))
+    assert ssh[-1] == "--internal-ip"
+    # the workdir is quoted inside the remote command: a space cannot split it
+    assert shlex.split(ssh[-2].removeprefix("--command="))[:3] == ["cd", "w d", "&&"]
+
+
+@pytest.mark.parametrize("workdir", ["/abs", "../up", "a/../../b", ""])
+def test_workdir_stays_below_home(workdir):
+    with pytest.raises(ValueError, match="workdir"):
+        TPUConfig(workdir=workdir)
+
+
+@pytest.mark.parametrize("field, value", [("name", "--impersonate-service-account=x"), ("project", "a b"),
+                                          ("zone", "us-east5-a;rm"), ("accelerator_type", "V5P-64")])
+def test_names_cannot_become_flags_or_shell(field, value):
+    with pytest.raises(ValueError, match=f"{field} .* is not a gcloud resource name"):
+        TPUConfig(**{field: value})
+    assert TPUConfig(project="example.com:my-project").project == "example.com:my-project"
+
+
+class FakeGcloud:
+    """Records each command; `describe` answers the scripted states in turn."""
+
+    def __init__(self, states=("ACTIVE",), account="me@example.com", fail: str = ""):
+        self.calls: list[tuple[list[str], bool]] = []
+        self.states, self.account, self.fail = list(states), account, fail
+        self.slept: list[float] = []
+        self.now = 0.0
+        self.echoed: list[str] = []
+
+    def __call__(self, argv, capture):
+        self.calls.append((list(argv), capture))
+        if list(argv[:3]) == ["gcloud", "auth", "list"]:
+            return Completed(0, self.account + "\n")
+        if "describe" in argv and capture:
+            return Completed(0, self.states.pop(0) + "\n")
+        return Completed(1 if self.fail and self.fail in " ".join(argv) else 0)
+
+    def sleep(self, s):
+        self.slept.append(s)
+        self.now += s
+
+    def env(self) -> Env:
+        return Env(runner=self, which=lambda _: "/usr/bin/gcloud", sleep=self.sleep, clock=lambda: self.now,
+                   echo=self.echoed.append)
+
+
+def _cfg(tmp_path, **tpu_overrides) -> RunConfig:
+    return from_dict(RunConfig, {"run": {"name": "r", "root": str(tmp_path)}, "tpu": {
+        "project": "p", "zone": "z", "name": "n", "accelerator_type": "v6e-8", "runtime_version": "v2-alpha-tpuv6e",
+        "poll_s": 10, **tpu_overrides}})
+
+
+def test_submit_polls_until_active_then_installs_copies_launches_follows(tmp_path):
+    cfg = _cfg(tmp_path)
+    fake = FakeGcloud(states=["WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"])
+    assert tpu.main("submit", cfg, "c.yaml", dump(cfg), env=fake.env()) == 0
+    local = tmp_path / "r" / "tpu" / "run.yaml"
+    assert load(RunConfig, local) == cfg  # the resolved config that travels to every worker
+    steps = tpu.submit_steps(cfg.tpu, local)
+    describe = (list(steps[1].argv), True)
+    expected = [(list(tpu.AUTH_ARGV), True), (list(steps[0].argv), False), *[describe] * 4,
+                *[(list(s.argv), False) for s in steps[2:]]]
+    assert fake.calls == expected
+    assert fake.slept == [10, 10, 10]
+    assert fake.echoed == ["queued resource n: WAITING_FOR_RESOURCES", "queued resource n: PROVISIONING"]
+
+
+@pytest.mark.parametrize("state", ["FAILED", "SUSPENDED"])
+def test_a_failed_queued_resource_stops_submit(tmp_path, state):
+    cfg = _cfg(tmp_path)
+    fake = FakeGcloud(states=["WAITING_FOR_RESOURCES", state])
+    with pytest.raises(TPUCommandError, match=f"queued resource n is {state}"):
+        tpu.main("submit", cfg, "c.yaml", dump(cfg), env=fake.env())
+    assert not any("ssh" in argv for argv, _ in fake.calls)
+
+
+def test_waiting_past_the_deadline_stops_submit(tmp_path):
+    cfg = _cfg(tmp_path, active_timeout_s=25)
+    fake = FakeGcloud(states=["WAITING_FOR_RESOURCES"] * 10)
+    with pytest.raises(TPUCommandError, match="still WAITING_FOR_RESOURCES after 25 s"):
+        tpu.main("submit", cfg, "c.yaml", dump(cfg), env=fake.env())
+    assert fake.slept == [10, 10, 10]
+
+
+def test_a_failing_command_stops_the_sequence(tmp_path):
+    cfg = _cfg(tmp_path)
+    fake = FakeGcloud(fail="pip install")
+    with pytest.raises(TPUCommandError, match="install dart-jax on every worker: .* exited 1"):
+        tpu.main("submit", cfg, "c.yaml", dump(cfg), env=fake.env())
+    assert not any("scp" in argv for argv, _ in fake.calls)
+
+
+def test_interrupting_logs_leaves_the_job_running(tmp_path):
+    cfg = _cfg(tmp_path)
+    fake = FakeGcloud()
+
+    def runner(argv, capture):
+        if "--worker=0" in argv:
+            raise KeyboardInterrupt
+        return fake(argv, capture)
+
+    env = Env(runner=runner, which=lambda _: "gcloud", echo=fake.echoed.append)
+    assert tpu.main("logs", cfg, "c.yaml", "", env=env) == 0
+    assert fake.echoed == ["stopped following; the job keeps running (`dart-jax tpu logs CONFIG` follows it again)"]
+
+
+def test_status_and_delete_run_one_command_each(tmp_path):
+    cfg = _cfg(tmp_path, queued_resource="qr")
+    for action, argv in (("status", tpu.describe_argv(cfg.tpu)), ("delete", tpu.delete_argv(cfg.tpu))):
+        fake = FakeGcloud()
+        assert tpu.main(action, cfg, "c.yaml", "", env=fake.env()) == 0
+        assert fake.calls == [(list(tpu.AUTH_ARGV), True), (argv, False)]
+    assert tpu.delete_argv(cfg.tpu)[5] == "qr"
+
+
+def test_missing_settings_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="c.yaml: tpu.project: required"):
+        tpu.main("status", _cfg(tmp_path, project=""), "c.yaml", "", env=FakeGcloud().env())
+    with pytest.raises(ConfigError, match="tpu.accelerator_type: accelerator type 'v9-8'"):
+        tpu.main("status", _cfg(tmp_path, accelerator_type="v9-8"), "c.yaml", "", env=FakeGcloud().env())
+
+
+def _fake_gcloud(bin_dir: Path, auth_output: str) -> Path:
+    """An executable `gcloud` that logs its argv (JSON lines) and answers `auth list` and `describe`."""
+    log = bin_dir / "calls.jsonl"
+    script = bin_dir / "gcloud"
+    script.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+with open({str(log)!r}, "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if args[:2] == ["auth", "list"]:
+    print({auth_output!r})
+elif "describe" in args:
+    print("ACTIVE")
+""")
+    script.chmod(0o755)
+    return log
+
+
+def _env_with_path(path: str) -> dict:
+    return {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT)}
+
+
+def test_cli_without_gcloud_is_one_line_exit_2(tmp_path):
+    out = _cli("tpu", "status", "configs/tpu/v5p-64.yaml", "tpu.project=p", env=_env_with_path(str(tmp_path)))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == "dart-jax: gcloud is not on PATH: install the Google Cloud CLI " \
+                         "(https://cloud.google.com/sdk/docs/install)\n"
+
+
+def test_cli_with_unauthenticated_gcloud_is_one_line_exit_2(tmp_path):
+    log = _fake_gcloud(tmp_path, auth_output="")
+    out = _cli("tpu", "delete", "configs/tpu/v5p-64.yaml", "tpu.project=p", env=_env_with_path(str(tmp_path)))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == "dart-jax: gcloud has no active account: run `gcloud auth login` " \
+                         "(or `gcloud auth activate-service-account`)\n"
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [list(tpu.AUTH_ARGV[1:])]
+
+
+def test_cli_submit_runs_every_command_through_gcloud(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = _fake_gcloud(bin_dir, auth_output="me@example.com")
+    out = _cli("tpu", "submit", "configs/tpu/v6e-64.yaml", "tpu.project=my-project", f"run.root={tmp_path}",
+               env=_env_with_path(f"{bin_dir}:{os.environ['PATH']}"))
+    assert out.returncode == 0, out.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    cfg = load(RunConfig, ROOT / "configs/tpu/v6e-64.yaml", ["tpu.project=my-project", f"run.root={tmp_path}"])
+    local = tmp_path / cfg.run.name / "tpu" / "run.yaml"
+    steps = tpu.submit_steps(cfg.tpu, local)
+    assert calls == [list(tpu.AUTH_ARGV[1:])] + [list(s.argv[1:]) for s in steps]
+    assert load(RunConfig, local) == cfg
