@@ -3,12 +3,14 @@
 import dataclasses
 import subprocess
 import sys
+import typing
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from dart_jax.agent.prompt import (COMPUTER_USE_PROMPT, SYSTEM_PROMPT, PromptBuilder, PromptConfig,
+from dart_jax.agent.config import PromptConfig
+from dart_jax.agent.prompt import (COMPUTER_USE_PROMPT, SYSTEM_PROMPT, TEMPLATES, PromptBuilder,
                                    build_messages, history_form, render)
 
 
@@ -154,3 +156,8 @@ def test_prompt_module_imports_no_torch_or_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_every_template_the_config_accepts_has_a_text():
+    accepted = typing.get_args(typing.get_type_hints(PromptConfig)["template"])
+    assert set(accepted) == set(TEMPLATES)

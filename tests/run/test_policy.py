@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dart_jax.agent.prompt import PromptBuilder, PromptConfig
+from dart_jax.agent.config import PromptConfig
+from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import dump, from_dict, load
 from dart_jax.config.schema import RunConfig
 from dart_jax.wire.trajfiles import write_trajectories

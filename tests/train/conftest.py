@@ -1,6 +1,7 @@
 import pytest
 
-from dart_jax.agent.prompt import PromptBuilder, PromptConfig
+from dart_jax.agent.config import PromptConfig
+from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.wire.trajfiles import write_trajectories
 from tests.trajectories import trajectory
 
