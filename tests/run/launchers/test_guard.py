@@ -26,7 +26,7 @@ import os, subprocess, sys, time
 subprocess.Popen([sys.executable, "-m", "dart_jax.run.launchers.guard", str(os.getpid()), *sys.argv[1:]], start_new_session=True)
 time.sleep(600)
 """
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _guard(*args: str) -> list[str]:

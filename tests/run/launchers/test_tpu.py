@@ -16,7 +16,7 @@ from dart_jax.run.launchers import tpu
 from dart_jax.run.launchers.config import TPUConfig
 from dart_jax.run.launchers.tpu import Completed, Env, TPUCommandError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # The gcloud reference's synopsis of each command (cloud.google.com/sdk/gcloud/reference/compute/tpus/...),
 # plus the gcloud-wide flags --project, --format and --quiet:
