@@ -253,7 +253,7 @@ def _env_with_path(path: str) -> dict:
 def test_cli_without_gcloud_is_one_line_exit_2(tmp_path):
     out = _cli("tpu", "status", "configs/tpu/v5p-64.yaml", "tpu.project=p", env=_env_with_path(str(tmp_path)))
     assert out.returncode == 2, out.stderr
-    assert out.stderr == "dart-jax: gcloud is not on PATH: install the Google Cloud CLI " \
+    assert out.stderr == "dart-jax: tpu: gcloud is not on PATH: install the Google Cloud CLI " \
                          "(https://cloud.google.com/sdk/docs/install)\n"
 
 
@@ -261,7 +261,7 @@ def test_cli_with_unauthenticated_gcloud_is_one_line_exit_2(tmp_path):
     log = _fake_gcloud(tmp_path, auth_output="")
     out = _cli("tpu", "delete", "configs/tpu/v5p-64.yaml", "tpu.project=p", env=_env_with_path(str(tmp_path)))
     assert out.returncode == 2, out.stderr
-    assert out.stderr == "dart-jax: gcloud has no active account: run `gcloud auth login` " \
+    assert out.stderr == "dart-jax: tpu: gcloud has no active account: run `gcloud auth login` " \
                          "(or `gcloud auth activate-service-account`)\n"
     assert [json.loads(line) for line in log.read_text().splitlines()] == [list(tpu.AUTH_ARGV[1:])]
 
