@@ -114,7 +114,7 @@ def test_export_refuses_bad_paths(trained, tmp_path):
     _, run, _ = trained
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
-    with pytest.raises(UsageError, match="not empty"):
+    with pytest.raises(UsageError, match="is not an empty directory"):
         export_hf(run.checkpoints, tmp_path / "full")
     with pytest.raises(UsageError, match="not a directory of checkpoints"):
         export_hf(tmp_path / "nowhere", tmp_path / "out")
