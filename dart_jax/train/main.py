@@ -13,19 +13,8 @@ import logging
 import os
 from pathlib import Path
 
-import jax
-
-from dart_jax.models import hf_io
-from dart_jax.models.convert import hf_buckets
 from dart_jax.rundir import MetricsWriter, RunDir
-from dart_jax.train import loop
-from dart_jax.train.batch import BucketSpec
-from dart_jax.train.checkpoint import Checkpointer
-from dart_jax.train.collate import Collator
 from dart_jax.train.config import DistributedConfig
-from dart_jax.train.publish import WeightPublisher
-from dart_jax.train.sources import DataManagerSource, TrajectoryFileSource
-from dart_jax.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +22,7 @@ log = logging.getLogger(__name__)
 def initialize_distributed(cfg: DistributedConfig) -> None:
     """Join the trainer's JAX process group (train.distributed; a no-op when off). Call it
     before anything runs on a JAX device: the backends start with the group."""
+    import jax  # deliberately here and below: the trainer's modules start a backend on import
     if cfg.mode == "off":
         return
     if cfg.mode == "auto":
@@ -52,6 +42,17 @@ def main(cfg, run: RunDir) -> dict:
     """Train `cfg.train.steps` updates (fewer on a stall or a spent budget); returns the last
     metrics (and the export's path)."""
     initialize_distributed(cfg.train.distributed)
+    # the trainer's modules only now: importing them starts a JAX backend, which must come
+    # after the process group is formed
+    import jax
+    from dart_jax.models import hf_io
+    from dart_jax.train import loop
+    from dart_jax.train.batch import BucketSpec
+    from dart_jax.train.checkpoint import Checkpointer
+    from dart_jax.train.collate import Collator
+    from dart_jax.train.publish import WeightPublisher
+    from dart_jax.train.sources import DataManagerSource, TrajectoryFileSource
+    from dart_jax.train.trainer import Trainer
 
     hf_dir, tcfg = run.policy_dir(cfg.policy.hf_dir), cfg.trainer
     collator = Collator.from_pretrained(hf_dir, BucketSpec(tcfg.buckets.seq_lens, tcfg.buckets.num_slots,
@@ -93,6 +94,8 @@ def main(cfg, run: RunDir) -> dict:
 def export(trainer, hf_dir: Path, out: Path, lead: bool) -> Path:
     """The Hugging Face export. Every host walks the conversion (its gathers are
     collectives); only the lead host writes the files."""
+    from dart_jax.models import hf_io  # after the process group, as in main
+    from dart_jax.models.convert import hf_buckets
     config = hf_io.read_config(hf_dir)
     if lead:
         return hf_io.export(trainer.state.params, config, out, src_dir=hf_dir)
