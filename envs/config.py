@@ -127,6 +127,7 @@ class EnvServerConfig:
     wire: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5555")
     slots: tuple[SlotSpec, ...] = (SyntheticSlots(count=4),)
     lease_s: float = bounded(60.0, gt=0)  # a client silent this long loses its slot
+    start_timeout_s: float = bounded(600.0, gt=0)  # a backend's start (browser, VM boot), apart from calls
     reset_timeout_s: float = bounded(120.0, gt=0)
     step_timeout_s: float = bounded(60.0, gt=0)
     evaluate_timeout_s: float = bounded(300.0, gt=0)

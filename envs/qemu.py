@@ -20,6 +20,7 @@ Acceleration: KVM where /dev/kvm opens (`accel: auto` or `kvm`), QEMU's software
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -51,10 +53,57 @@ def kvm_usable() -> bool:
     return True
 
 
-def choose_accel(accel: str) -> str:
+_KVM_PROBE_S = 20.0
+_KVM_CPU = ("-cpu", "host")
+_kvm_boots: dict[Path, bool] = {}
+_probe_lock = threading.Lock()
+
+
+def choose_accel(accel: str, image: vm_image.Image) -> str:
+    """kvm or tcg for `accel`; `auto` takes KVM only where it boots the image's kernel."""
     if accel == "kvm" and not kvm_usable():
         raise EnvError("accel kvm: /dev/kvm cannot be opened on this host")
-    return accel if accel != "auto" else ("kvm" if kvm_usable() else "tcg")
+    if accel != "auto":
+        return accel
+    return "kvm" if kvm_usable() and kvm_boots(image) else "tcg"
+
+
+def kvm_boots(image: vm_image.Image) -> bool:
+    """Whether KVM runs the image's kernel on this host: it boots the kernel alone and waits
+    for its first console line. Under nested virtualization a guest can hang before it
+    prints anything (these machines; BUILD.md), so /dev/kvm opening proves nothing. The
+    answer is kept for the life of the process."""
+    with _probe_lock:
+        if image.kernel not in _kvm_boots:
+            _kvm_boots[image.kernel] = _probe_kvm(image)
+            if not _kvm_boots[image.kernel]:
+                log.warning("KVM did not boot %s within %g s: desktop VMs use TCG (software emulation)",
+                            image.kernel, _KVM_PROBE_S)
+        return _kvm_boots[image.kernel]
+
+
+def _probe_kvm(image: vm_image.Image) -> bool:
+    with tempfile.TemporaryDirectory(prefix="dart-kvm-probe-") as tmp:
+        console = Path(tmp) / "console.log"
+        process = subprocess.Popen(["qemu-system-x86_64", "-accel", "kvm", *_KVM_CPU, "-m", "256", "-nodefaults",
+                                    "-display", "none", "-no-reboot", "-kernel", str(image.kernel),
+                                    "-append", "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1",
+                                    "-serial", f"file:{console}"],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+        reaper.watch(process.pid)
+        try:
+            deadline = time.monotonic() + _KVM_PROBE_S
+            while time.monotonic() < deadline and process.poll() is None:
+                if console.exists() and b"Linux version" in console.read_bytes():
+                    return True
+                time.sleep(0.2)
+            return console.exists() and b"Linux version" in console.read_bytes()
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            reaper.forget(process.pid)
 
 
 def available_mib() -> int:
@@ -77,8 +126,8 @@ class QemuVM:
 
     def __init__(self, settings: QemuSettings, screen: tuple[int, int], name: str = "vm"):
         self.settings, self.screen, self.name = settings, screen, name
-        self.accel = choose_accel(settings.accel)
         self.image = vm_image.locate(settings.image_dir)
+        self.accel = choose_accel(settings.accel, self.image)
         self.process: subprocess.Popen | None = None
         self.port = 0
         self.dir: Path | None = None
@@ -136,7 +185,7 @@ class QemuVM:
         accel = "kvm" if self.accel == "kvm" else f"tcg,tb-size={s.tb_size_mib}"
         append = f"root=/dev/vda rw console=ttyS0 dart.screen={width_height} {s.kernel_args}".strip()
         return ["qemu-system-x86_64", "-name", f"dart-{self.name}", "-machine", "q35", "-accel", accel,
-                *(["-cpu", "host"] if self.accel == "kvm" else []),
+                *(_KVM_CPU if self.accel == "kvm" else []),
                 "-m", str(s.memory_mib), "-smp", str(s.cpus), "-nodefaults", "-display", "none", "-vga", "none",
                 "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd), "-append", append,
                 "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
