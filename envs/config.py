@@ -79,7 +79,7 @@ class QemuSettings:
     boot_timeout_s: float = bounded(300.0, gt=0)
     restore_timeout_s: float = bounded(60.0, gt=0)
     work_dir: str = ""  # overlays, sockets and console logs; empty: a fresh temporary folder
-    kernel_args: str = "quiet"
+    kernel_args: str = "quiet nowatchdog"  # no soft-lockup noise when a loaded host starves the vCPU
 
 
 @dataclasses.dataclass(frozen=True)

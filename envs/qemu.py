@@ -77,8 +77,8 @@ def kvm_boots(image: vm_image.Image) -> bool:
         if image.kernel not in _kvm_boots:
             _kvm_boots[image.kernel] = _probe_kvm(image)
             if not _kvm_boots[image.kernel]:
-                log.warning("KVM did not boot %s within %g s: desktop VMs use TCG (software emulation)",
-                            image.kernel, _KVM_PROBE_S)
+                log.warning("KVM did not boot %s (no console line within %g s, or QEMU failed): "
+                            "desktop VMs use TCG (software emulation)", image.kernel, _KVM_PROBE_S)
         return _kvm_boots[image.kernel]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from envs import actions, oracle, osworld_eval
 from envs.osworld import accessibility_lines, bundled_tasks, window_lines
-from envs.types import Action
+from envs.types import Action, EnvError
 
 from tests.envs.conftest import FakeVM, alive, client, observation, oracle_episode, run, spec
 
@@ -51,16 +51,21 @@ def test_a_reset_restores_the_snapshot(vm_server):
     async def main():
         c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
         env = await c.acquire("osworld")
-        await env.reset(spec("osworld", "xterm-mkdir"))
-        reply = await env.step(f"Action: type(content='touch {MARKER}\\n')")
-        written = envs.slots[env.slot].env.vm.file(MARKER)
+        await env.reset(spec("osworld", "mousepad-save-as"))
+        vm = envs.slots[env.slot].env.vm
+        tree = vm.accessibility()  # the AT-SPI tree of the desktop, as OSWorld's server gives it
+        reply = await env.step("Action: type(content='dirty')")
+        vm.upload(b"uploaded\n", "/home/user/Documents/up.txt")
+        written = (vm.file("/home/user/Documents/up.txt"), vm.file(MARKER))
         await env.reset(spec("osworld", "os-infeasible-16k"))
-        after = envs.slots[env.slot].env.vm.file(MARKER)
+        after = vm.file("/home/user/Documents/up.txt")
         await c.aclose()
-        return reply, written, after
+        return tree, reply, written, after
 
-    reply, written, after = run(main())
-    assert reply.status == "ok" and written == b""  # the file existed in the first episode
+    tree, reply, written, after = run(main())
+    assert any(' frame "Untitled 1 - Mousepad" ' in line for line in accessibility_lines(tree)), tree[:2000]
+    assert reply.status == "ok" and "*Untitled 1 - Mousepad" in reply.observation.dom_text
+    assert written == (b"uploaded\n", None)  # the upload landed in the first episode
     assert after is None  # and is gone in the next
 
 
@@ -101,15 +106,20 @@ def test_random_actions_never_crash_the_slot(vm_server, seed):
 
 
 @pytest.mark.vm
-def test_a_vm_killed_mid_episode_is_replaced(vm_server):
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_vm_killed_or_hung_mid_episode_is_replaced(vm_server, fault):
     envs, endpoint = vm_server
 
     async def main():
         c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
         env = await c.acquire("osworld")
         await env.reset(spec("osworld", "xterm-mkdir"))
-        old = envs.slots[env.slot].env.machine.process.pid
-        os.killpg(old, signal.SIGKILL)
+        machine = envs.slots[env.slot].env.machine
+        old = machine.process.pid
+        if fault == "killed":
+            os.killpg(old, signal.SIGKILL)
+        else:
+            machine.hmp("stop")  # the guest's CPU halts: its server stops answering
         reply = await env.step("Action: type(content='ls\\n')")
         failed = await env.evaluate()
         reward = await oracle_episode(env, spec("osworld", "xterm-mkdir"))  # on a fresh VM
@@ -119,12 +129,24 @@ def test_a_vm_killed_mid_episode_is_replaced(vm_server):
         return reply, failed, reward, old, new, stats.slots[env.slot]
 
     reply, failed, reward, old, new, slot = run(main())
-    assert (reply.status, reply.done, failed.status) == ("env_error", True, "env_error")
+    assert (reply.status, reply.done, failed.status) == ("env_error", True, "env_error"), reply.message
     assert reward.reward == 1.0 and new != old and not alive(old)
     assert slot.restarts >= 1
 
 
 # ---- without a VM ---------------------------------------------------------------------------
+
+def test_the_memory_budget_bounds_the_vms(monkeypatch):
+    from envs import qemu
+    from envs.config import OSWorldSlots, QemuSettings
+    with pytest.raises(ValueError, match="need 5120 MiB, over host_memory_mib 4096"):
+        OSWorldSlots(provider="qemu", count=4, qemu=QemuSettings(memory_mib=1024, host_memory_mib=4096))
+    monkeypatch.setattr(qemu, "available_mib", lambda: 1000)
+    monkeypatch.setattr(qemu.vm_image, "locate", lambda image_dir: None)
+    monkeypatch.setattr(qemu, "choose_accel", lambda accel, image: "tcg")
+    with pytest.raises(EnvError, match="1000 MiB available, a VM needs 1280 MiB"):
+        qemu.QemuVM(QemuSettings(memory_mib=1024), (1280, 800)).start()
+
 
 def test_every_bundled_task_has_an_oracle_and_runs_without_desktop_env():
     tasks = bundled_tasks()
