@@ -1,15 +1,19 @@
 """One desktop VM under QEMU: boot, snapshot, restore, kill (OSWorld `provider: qemu`).
 
     vm = QemuVM(settings, screen=(1280, 800), name="slot0")
-    vm.start()          # boots a copy-on-write overlay of the image, waits for the in-VM
-                        # server on port 5000, then snapshots memory + disk ("ready")
+    vm.start()          # loads a booted desktop, waits for the in-VM server on port 5000,
+                        # then snapshots memory + disk ("ready")
     vm.url              # http://127.0.0.1:PORT, the guest's port 5000 (user networking)
     vm.restore()        # back to the ready snapshot (QMP/HMP loadvm): the reset
     vm.kill()           # SIGKILL of QEMU's process group, files removed
 
-Each VM writes only to its own qcow2 overlay over the shared read-only image, so any number
-of VMs share one image. The snapshot lives in the overlay (`savevm`), so a restore brings
-back the disk and memory as they were when the desktop first answered. The guest's
+Booting takes a minute or more under TCG, so it happens once per host and configuration:
+the first VM boots the image cold until its server answers, stops, and saves its memory
+(migration to a file) beside the disk as it was then (a qcow2 layer over the image); every
+VM starts by loading that state (`-incoming`, seconds) on its own overlay over that layer.
+Each VM writes only to its overlay, so any number of VMs share the read-only image. The
+ready snapshot lives in the overlay (`savevm`), so a restore brings back the disk and
+memory as they were when the VM started. The guest's
 network is restricted (QEMU's `restrict=on`): it reaches nothing, the host reaches its
 server through the forwarded port. QEMU runs in its own process group, registered with
 envs.reaper, so it dies with the env server whatever kills that.
@@ -21,8 +25,11 @@ Acceleration: KVM where /dev/kvm opens (`accel: auto` or `kvm`), QEMU's software
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -33,6 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from envs import reaper, vm_image
 from envs.config import QemuSettings
@@ -55,6 +63,10 @@ def kvm_usable() -> bool:
 
 _KVM_PROBE_S = 20.0
 _KVM_CPU = ("-cpu", "host")
+# The virtual machine apart from its disk, memory, kernel and sockets (a saved desktop is
+# only loaded by the same).
+_MACHINE = ("-machine", "q35", "-nodefaults", "-display", "none", "-vga", "none", "-no-reboot",
+            "-device", "virtio-net-pci,netdev=net0", "-device", "virtio-rng-pci")
 _kvm_boots: dict[Path, bool] = {}
 _probe_lock = threading.Lock()
 
@@ -115,6 +127,13 @@ def available_mib() -> int:
     raise EnvError("no MemAvailable in /proc/meminfo")
 
 
+def _overlay(backing: Path, path: Path) -> Path:
+    """A new qcow2 at `path` whose reads fall through to `backing` (never written)."""
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(backing), "-F", "qcow2", str(path)],
+                   check=True, capture_output=True, timeout=60)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,7 +150,7 @@ class QemuVM:
         self.process: subprocess.Popen | None = None
         self.port = 0
         self.dir: Path | None = None
-        self.boot_s = self.snapshot_s = 0.0
+        self.start_s = self.cold_boot_s = self.snapshot_s = 0.0
 
     @property
     def url(self) -> str:
@@ -149,25 +168,94 @@ class QemuVM:
         if available_mib() < need:
             raise EnvError(f"{self.name}: the host has {available_mib()} MiB available, a VM needs {need} MiB")
         self.dir = Path(tempfile.mkdtemp(prefix=f"dart-vm-{self.name}-", dir=s.work_dir or None))
-        overlay = self.dir / "overlay.qcow2"
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.disk), "-F", "qcow2",
-                        str(overlay)], check=True, capture_output=True, timeout=60)
+        state, disk = self._booted_state()
         start = time.monotonic()
-        self._launch(overlay)
+        self._launch(_overlay(disk, self.dir / "overlay.qcow2"), incoming=state)
+        self._resume_incoming(start + s.boot_timeout_s, state)
         self._wait_ready(start + s.boot_timeout_s)
-        self.boot_s = time.monotonic() - start
+        self.start_s = time.monotonic() - start
         start = time.monotonic()
         self.hmp(f"savevm {SNAPSHOT}")
         self.snapshot_s = time.monotonic() - start
-        log.info("%s: %s boot %.1f s, snapshot %.2f s, server %s", self.name, self.accel, self.boot_s,
-                 self.snapshot_s, self.url)
+        log.info("%s: %s start %.1f s (cold boot %.1f s), snapshot %.2f s, server %s", self.name, self.accel,
+                 self.start_s, self.cold_boot_s, self.snapshot_s, self.url)
         return self
 
-    def _launch(self, overlay: Path) -> None:
-        s, width_height = self.settings, "{}x{}".format(*self.screen)
+    # A booted desktop, saved once per host and configuration: a VM starts by loading it
+    # (seconds) instead of booting (a minute or more under TCG). The saved memory goes with
+    # the disk as it was at that moment, kept as a read-only qcow2 layer over the image that
+    # each VM's overlay stacks on.
+
+    def booted_paths(self) -> tuple[Path, Path]:
+        """Where this configuration's booted desktop is saved: (memory state, disk layer)."""
+        folder = self.image.folder / "booted"
+        key = self._state_key()
+        return folder / f"{key}.state", folder / f"{key}.qcow2"
+
+    def _booted_state(self) -> tuple[Path, Path]:
+        """(memory state, disk layer) of a booted desktop for this configuration; the first
+        VM to need them boots cold and saves them (others wait on the lock)."""
+        state, disk = self.booted_paths()
+        state.parent.mkdir(exist_ok=True)
+        with open(state.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (state.exists() and disk.exists()):
+                self._save_booted(state, disk)
+        return state, disk
+
+    def _state_key(self) -> str:
+        s = self.settings
+        version = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True).stdout
+        text = "|".join(map(str, (version.splitlines()[:1], self.accel, _KVM_CPU, _MACHINE, s.memory_mib,
+                                  s.cpus, self._kernel_command_line())))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _save_booted(self, state: Path, disk: Path) -> None:
+        tmp_state, tmp_disk = state.with_suffix(".state-tmp"), disk.with_suffix(".qcow2-tmp")
+        start = time.monotonic()
+        self._launch(_overlay(self.image.disk, tmp_disk), incoming=None)
+        try:
+            self._wait_ready(start + self.settings.boot_timeout_s)
+            self.cold_boot_s = time.monotonic() - start
+            self.qmp("stop")  # the disk layer and the saved memory must agree: nothing runs between
+            self.qmp("migrate", uri=f"exec:cat > {shlex.quote(str(tmp_state))}")
+            while (status := self.qmp("query-migrate").get("status")) not in ("completed", "failed", "cancelled"):
+                time.sleep(0.2)
+            if status != "completed":
+                raise EnvError(f"{self.name}: saving the booted desktop failed ({status})")
+            with contextlib.suppress(EnvError):  # QEMU may close the monitor before it answers
+                self.qmp("quit")
+            self.process.wait(timeout=60)  # a clean exit writes the disk layer's metadata out
+        except BaseException:
+            tmp_state.unlink(missing_ok=True)
+            raise
+        finally:
+            self._stop_process()
+        os.replace(tmp_disk, disk)
+        os.replace(tmp_state, state)
+        log.info("%s: saved a booted desktop (%s, cold boot %.1f s) in %s", self.name, self.accel,
+                 self.cold_boot_s, state.parent)
+
+    def _resume_incoming(self, deadline: float, state: Path) -> None:
+        """Until the saved desktop is loaded; then let it run."""
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                # a state this QEMU cannot load is dropped: the next start saves a new one
+                state.unlink(missing_ok=True)
+                raise EnvError(f"{self.name}: QEMU could not load the booted desktop: {self._stderr()}")
+            with contextlib.suppress(EnvError):
+                status = self.qmp("query-status")["status"]
+                if status not in ("inmigrate", "prelaunch"):
+                    if status != "running":
+                        self.qmp("cont")
+                    return
+            time.sleep(0.2)
+        raise EnvError(f"{self.name}: loading the booted desktop took over {self.settings.boot_timeout_s:g} s")
+
+    def _launch(self, overlay: Path, incoming: Path | None) -> None:
         for attempt in range(3):  # a port taken between choosing and binding: choose again
             self.port = free_port()
-            command = self.command(overlay, width_height)
+            command = self.command(overlay, incoming)
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=open(self.dir / "qemu.err", "wb"), start_new_session=True)
             reaper.watch(self.process.pid)
@@ -175,24 +263,29 @@ class QemuVM:
             if self.process.poll() is None:
                 return
             reaper.forget(self.process.pid)
-            error = (self.dir / "qemu.err").read_text(errors="replace").strip()
+            error = self._stderr()
             if "hostfwd" not in error:
                 break
-        raise EnvError(f"{self.name}: QEMU exited at start: {error[-500:]}")
+        raise EnvError(f"{self.name}: QEMU exited at start: {error}")
 
-    def command(self, overlay: Path, width_height: str) -> list[str]:
+    def _stderr(self) -> str:
+        return (self.dir / "qemu.err").read_text(errors="replace").strip()[-500:]
+
+    def command(self, overlay: Path, incoming: Path | None) -> list[str]:
         s = self.settings
         accel = "kvm" if self.accel == "kvm" else f"tcg,tb-size={s.tb_size_mib}"
-        append = f"root=/dev/vda rw console=ttyS0 dart.screen={width_height} {s.kernel_args}".strip()
-        return ["qemu-system-x86_64", "-name", f"dart-{self.name}", "-machine", "q35", "-accel", accel,
-                *(_KVM_CPU if self.accel == "kvm" else []),
-                "-m", str(s.memory_mib), "-smp", str(s.cpus), "-nodefaults", "-display", "none", "-vga", "none",
-                "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd), "-append", append,
+        return ["qemu-system-x86_64", "-name", f"dart-{self.name}", "-accel", accel,
+                *(_KVM_CPU if self.accel == "kvm" else []), *_MACHINE,
+                "-m", str(s.memory_mib), "-smp", str(s.cpus), "-append", self._kernel_command_line(),
+                "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
                 "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
                 "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-:5000",
-                "-device", "virtio-net-pci,netdev=net0", "-device", "virtio-rng-pci",
                 "-serial", f"file:{self.console}", "-qmp", f"unix:{self.dir / 'qmp.sock'},server=on,wait=off",
-                "-no-reboot"]
+                *(["-incoming", f"exec:cat {shlex.quote(str(incoming))}"] if incoming else [])]
+
+    def _kernel_command_line(self) -> str:
+        screen = "{}x{}".format(*self.screen)
+        return f"root=/dev/vda rw console=ttyS0 dart.screen={screen} {self.settings.kernel_args}".strip()
 
     def _wait_ready(self, deadline: float) -> None:
         """Until the in-VM server returns a screenshot (the desktop is up)."""
@@ -228,33 +321,39 @@ class QemuVM:
         return self.process is not None and self.process.poll() is None
 
     def kill(self) -> None:
-        process, self.process = self.process, None
-        if process is not None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            process.wait(timeout=30)
-            reaper.forget(process.pid)
+        self._stop_process()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _stop_process(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+            reaper.forget(process.pid)
 
     close = kill  # the overlay is disposable: nothing in the guest needs a clean shutdown
 
     # ---- the monitor ----------------------------------------------------------------------
 
-    def hmp(self, command: str) -> str:
-        """A human-monitor command over QMP (savevm/loadvm have no plain QMP form in 7.2)."""
+    def qmp(self, command: str, **arguments: object) -> Any:
+        """One QMP command on a fresh connection; its return value."""
         from qemu.qmp.legacy import QEMUMonitorProtocol
         monitor = QEMUMonitorProtocol(str(self.dir / "qmp.sock"))
         monitor.settimeout(_QMP_TIMEOUT_S)
         try:
             monitor.connect()
-            text = str(monitor.cmd("human-monitor-command", **{"command-line": command}))
+            return monitor.cmd(command, **arguments)
         except Exception as e:
-            raise EnvError(f"{self.name}: QEMU monitor: {command!r} failed: {type(e).__name__}: {e}") from None
+            raise EnvError(f"{self.name}: QEMU monitor: {command} failed: {type(e).__name__}: {e}") from None
         finally:
-            monitor.close()
+            with contextlib.suppress(Exception):  # a QEMU that quit has closed its end already
+                monitor.close()
+
+    def hmp(self, command: str) -> str:
+        """A human-monitor command over QMP (savevm/loadvm have no plain QMP form in 7.2)."""
+        text = str(self.qmp("human-monitor-command", **{"command-line": command}))
         if text.strip().lower().startswith("error"):  # HMP reports its failures as text
             raise EnvError(f"{self.name}: QEMU monitor: {command!r}: {text.strip()}")
         return text

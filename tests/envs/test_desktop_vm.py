@@ -2,6 +2,7 @@
 oracle episodes on every bundled task, snapshot resets, a VM killed mid-episode, random
 actions; and, without a VM, the setup/evaluator subset and the observation text."""
 
+import asyncio
 import os
 import random
 import signal
@@ -119,7 +120,7 @@ def test_a_vm_killed_or_hung_mid_episode_is_replaced(vm_server, fault):
         if fault == "killed":
             os.killpg(old, signal.SIGKILL)
         else:
-            machine.hmp("stop")  # the guest's CPU halts: its server stops answering
+            await asyncio.to_thread(machine.hmp, "stop")  # the guest halts: its server stops answering
         reply = await env.step("Action: type(content='ls\\n')")
         failed = await env.evaluate()
         reward = await oracle_episode(env, spec("osworld", "xterm-mkdir"))  # on a fresh VM
