@@ -197,14 +197,19 @@ def _windows(elements: list[Element]) -> list[Element]:
 
 def _vm_mousepad_save_as(instruction, elements, obs):
     windows = _windows(elements)
-    if any(w.label == "Save As" for w in windows):
-        return Action(kind="type", content="/home/user/Documents/agenda.txt\n",
-                      thought="Name the file by its full path and confirm.")
+    dialogs = [w for w in windows if w.label == "Save As"]
     editor = next((w for w in windows if w.label.endswith(" - Mousepad")), None)
     if editor is None:
         return _give_up("The text editor is not open.")
     title = editor.label[:-len(" - Mousepad")]
-    if title.endswith("agenda.txt") and not title.startswith("*"):
+    saved = title.endswith("agenda.txt") and not title.startswith("*")
+    # a second Ctrl+S sent while a slow dialog was still opening leaves a dialog too many
+    if dialogs and (saved or len(dialogs) > 1):
+        return Action(kind="hotkey", keys=("esc",), thought="Close the extra save dialog.")
+    if dialogs:
+        return Action(kind="type", content="/home/user/Documents/agenda.txt\n",
+                      thought="Name the file by its full path and confirm.")
+    if saved:
         return Action(kind="finished", thought="The line is written and saved as agenda.txt.")
     if title.startswith("*"):
         return Action(kind="hotkey", keys=("ctrl", "s"), thought="Save the document.")

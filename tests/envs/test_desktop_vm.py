@@ -24,19 +24,21 @@ def test_oracle_solves_every_bundled_task_and_the_screen_changes(vm_server):
 
     async def main():
         c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        env = await c.acquire("osworld")
-        results, screens = {}, {}
-        for name in sorted(bundled_tasks()):
-            first = await env.reset(spec("osworld", name))
-            reply = first
-            for _ in range(8):
-                if reply.done or reply.status == "env_error":
-                    break
-                reply = await env.step(oracle.act("osworld", name, observation(reply)))
-            results[name] = await env.evaluate()
-            screens[name] = (first.observation.screenshot, reply.observation.screenshot)
-        await c.aclose()
-        return results, screens
+        try:
+            env = await c.acquire("osworld")
+            results, screens = {}, {}
+            for name in sorted(bundled_tasks()):
+                first = await env.reset(spec("osworld", name))
+                reply = first
+                for _ in range(8):
+                    if reply.done or reply.status == "env_error":
+                        break
+                    reply = await env.step(oracle.act("osworld", name, observation(reply)))
+                results[name] = await env.evaluate()
+                screens[name] = (first.observation.screenshot, reply.observation.screenshot)
+            return results, screens
+        finally:
+            await c.aclose()
 
     results, screens = run(main())
     assert {n: (r.reward, r.status) for n, r in results.items()} == \
@@ -51,17 +53,19 @@ def test_a_reset_restores_the_snapshot(vm_server):
 
     async def main():
         c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        env = await c.acquire("osworld")
-        await env.reset(spec("osworld", "mousepad-save-as"))
-        vm = envs.slots[env.slot].env.vm
-        tree = vm.accessibility()  # the AT-SPI tree of the desktop, as OSWorld's server gives it
-        reply = await env.step("Action: type(content='dirty')")
-        vm.upload(b"uploaded\n", "/home/user/Documents/up.txt")
-        written = (vm.file("/home/user/Documents/up.txt"), vm.file(MARKER))
-        await env.reset(spec("osworld", "os-infeasible-16k"))
-        after = vm.file("/home/user/Documents/up.txt")
-        await c.aclose()
-        return tree, reply, written, after
+        try:
+            env = await c.acquire("osworld")
+            await env.reset(spec("osworld", "mousepad-save-as"))
+            vm = envs.slots[env.slot].env.vm
+            tree = vm.accessibility()  # the AT-SPI tree of the desktop, as OSWorld's server gives it
+            reply = await env.step("Action: type(content='dirty')")
+            vm.upload(b"uploaded\n", "/home/user/Documents/up.txt")
+            written = (vm.file("/home/user/Documents/up.txt"), vm.file(MARKER))
+            await env.reset(spec("osworld", "os-infeasible-16k"))
+            after = vm.file("/home/user/Documents/up.txt")
+            return tree, reply, written, after
+        finally:
+            await c.aclose()
 
     tree, reply, written, after = run(main())
     assert any(' frame "Untitled 1 - Mousepad" ' in line for line in accessibility_lines(tree)), tree[:2000]
@@ -92,14 +96,16 @@ def test_random_actions_never_crash_the_slot(vm_server, seed):
 
     async def main():
         c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        env = await c.acquire("osworld")
-        replies = [await env.reset(spec("osworld", "mousepad-save-as"))]
-        for _ in range(12):
-            replies.append(await env.step(actions.render(random_action(), screen)))
-        reward = await env.evaluate()
-        again = await oracle_episode(env, spec("osworld", "os-infeasible-16k"))
-        await c.aclose()
-        return replies, reward, again
+        try:
+            env = await c.acquire("osworld")
+            replies = [await env.reset(spec("osworld", "mousepad-save-as"))]
+            for _ in range(12):
+                replies.append(await env.step(actions.render(random_action(), screen)))
+            reward = await env.evaluate()
+            again = await oracle_episode(env, spec("osworld", "os-infeasible-16k"))
+            return replies, reward, again
+        finally:
+            await c.aclose()
 
     replies, reward, again = run(main())
     assert [r.status for r in replies] == ["ok"] * len(replies), [r.message for r in replies if r.status != "ok"]
@@ -113,21 +119,23 @@ def test_a_vm_killed_or_hung_mid_episode_is_replaced(vm_server, fault):
 
     async def main():
         c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        env = await c.acquire("osworld")
-        await env.reset(spec("osworld", "xterm-mkdir"))
-        machine = envs.slots[env.slot].env.machine
-        old = machine.process.pid
-        if fault == "killed":
-            os.killpg(old, signal.SIGKILL)
-        else:
-            await asyncio.to_thread(machine.hmp, "stop")  # the guest halts: its server stops answering
-        reply = await env.step("Action: type(content='ls\\n')")
-        failed = await env.evaluate()
-        reward = await oracle_episode(env, spec("osworld", "xterm-mkdir"))  # on a fresh VM
-        new = envs.slots[env.slot].env.machine.process.pid
-        stats = await c.stats()
-        await c.aclose()
-        return reply, failed, reward, old, new, stats.slots[env.slot]
+        try:
+            env = await c.acquire("osworld")
+            await env.reset(spec("osworld", "xterm-mkdir"))
+            machine = envs.slots[env.slot].env.machine
+            old = machine.process.pid
+            if fault == "killed":
+                os.killpg(old, signal.SIGKILL)
+            else:
+                await asyncio.to_thread(machine.hmp, "stop")  # the guest halts: its server stops answering
+            reply = await env.step("Action: type(content='ls\\n')")
+            failed = await env.evaluate()
+            reward = await oracle_episode(env, spec("osworld", "xterm-mkdir"))  # on a fresh VM
+            new = envs.slots[env.slot].env.machine.process.pid
+            stats = await c.stats()
+            return reply, failed, reward, old, new, stats.slots[env.slot]
+        finally:
+            await c.aclose()
 
     reply, failed, reward, old, new, slot = run(main())
     assert (reply.status, reply.done, failed.status) == ("env_error", True, "env_error"), reply.message
@@ -169,6 +177,8 @@ def test_window_and_accessibility_text_feed_the_oracle():
     from envs.types import Observation
     obs = Observation(b"", 1280, 800, "", "\n".join(lines))
     assert "agenda.txt" in oracle.act("osworld", "mousepad-save-as", obs)
+    twice = Observation(b"", 1280, 800, "", "\n".join(window_lines(windows + windows[1:], active="")))
+    assert "hotkey(key='esc')" in oracle.act("osworld", "mousepad-save-as", twice)
 
 
 def test_setup_steps_and_evaluators_against_a_fake_vm(tmp_path):

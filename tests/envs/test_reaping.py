@@ -68,9 +68,11 @@ def _kill_server_and_count(slots: list[dict], wanted: tuple[str, ...],
 
 async def _reset(endpoint: str, task: TaskSpec) -> None:
     c = client(endpoint)
-    env = await c.acquire(task.backend, wait_s=60)
-    assert (await env.reset(task)).status == "ok"
-    await c.aclose()
+    try:
+        env = await c.acquire(task.backend, wait_s=60)
+        assert (await env.reset(task)).status == "ok"
+    finally:
+        await c.aclose()
 
 
 def _named(process: psutil.Process, name: str) -> bool:
