@@ -332,17 +332,13 @@ class OSWorldEnv:
                                       require_a11y_tree=spec.accessibility_tree, os_type=spec.os_type)
         self.example: dict | None = None
         self.history: list[str] = []
-        self.cache = Path(tempfile.mkdtemp(prefix="dart-osworld-cache-"))
+        # files the evaluator fetches from the VM land here (made on first use)
+        self.cache = Path(tempfile.gettempdir()) / f"dart-osworld-cache-{uuid.uuid4().hex[:12]}"
 
     def _boot(self, index: int) -> str:
         from envs.qemu import QemuVM
         self.machine = QemuVM(self.spec.qemu, (self.spec.screen_width, self.spec.screen_height), f"slot{index}")
-        try:
-            self.machine.start()
-        except BaseException:
-            self.machine.kill()
-            raise
-        return self.machine.url
+        return self.machine.start().url
 
     def reset(self, task: Task) -> Observation:
         example = _example(task, self.spec.task_dir)

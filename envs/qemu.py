@@ -168,15 +168,19 @@ class QemuVM:
         if available_mib() < need:
             raise EnvError(f"{self.name}: the host has {available_mib()} MiB available, a VM needs {need} MiB")
         self.dir = Path(tempfile.mkdtemp(prefix=f"dart-vm-{self.name}-", dir=s.work_dir or None))
-        state, disk = self._booted_state()
-        start = time.monotonic()
-        self._launch(_overlay(disk, self.dir / "overlay.qcow2"), incoming=state)
-        self._resume_incoming(start + s.boot_timeout_s, state)
-        self._wait_ready(start + s.boot_timeout_s)
-        self.start_s = time.monotonic() - start
-        start = time.monotonic()
-        self.hmp(f"savevm {SNAPSHOT}")
-        self.snapshot_s = time.monotonic() - start
+        try:
+            state, disk = self._booted_state()
+            start = time.monotonic()
+            self._launch(_overlay(disk, self.dir / "overlay.qcow2"), incoming=state)
+            self._resume_incoming(start + s.boot_timeout_s, state)
+            self._wait_ready(start + s.boot_timeout_s)
+            self.start_s = time.monotonic() - start
+            start = time.monotonic()
+            self.hmp(f"savevm {SNAPSHOT}")
+            self.snapshot_s = time.monotonic() - start
+        except BaseException:
+            self.kill()
+            raise
         log.info("%s: %s start %.1f s (cold boot %.1f s), snapshot %.2f s, server %s", self.name, self.accel,
                  self.start_s, self.cold_boot_s, self.snapshot_s, self.url)
         return self

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from envs import actions, oracle, osworld_eval
-from envs.osworld import accessibility_lines, bundled_tasks, window_lines
+from envs.osworld import VMClient, accessibility_lines, bundled_tasks, window_lines
 from envs.types import Action, EnvError
 
 from tests.envs.conftest import FakeVM, alive, client, observation, oracle_episode, run, spec
@@ -57,7 +57,9 @@ def test_a_reset_restores_the_snapshot(vm_server):
             env = await c.acquire("osworld")
             await env.reset(spec("osworld", "mousepad-save-as"))
             vm = envs.slots[env.slot].env.vm
-            tree = vm.accessibility()  # the AT-SPI tree of the desktop, as OSWorld's server gives it
+            # the AT-SPI tree of the desktop, as OSWorld's server gives it (15 s under TCG, more
+            # on a loaded host: the server stops walking at 30 s and answers what it has)
+            tree = VMClient(vm.url, timeout_s=120).accessibility()
             reply = await env.step("Action: type(content='dirty')")
             vm.upload(b"uploaded\n", "/home/user/Documents/up.txt")
             written = (vm.file("/home/user/Documents/up.txt"), vm.file(MARKER))
@@ -182,7 +184,6 @@ def test_window_and_accessibility_text_feed_the_oracle():
 
 
 def test_setup_steps_and_evaluators_against_a_fake_vm(tmp_path):
-    from envs.osworld import VMClient
     vm = FakeVM()
     try:
         runner = osworld_eval.Runner(VMClient(vm.url, timeout_s=5), (1280, 800), tmp_path, task_dir="")
