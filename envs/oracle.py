@@ -202,18 +202,21 @@ def _vm_mousepad_save_as(instruction, elements, obs):
     if editor is None:
         return _give_up("The text editor is not open.")
     title = editor.label[:-len(" - Mousepad")]
-    saved = title.endswith("agenda.txt") and not title.startswith("*")
-    # a second Ctrl+S sent while a slow dialog was still opening leaves a dialog too many
-    if dialogs and (saved or len(dialogs) > 1):
+    named = title.lstrip("*").endswith("agenda.txt")
+    # a second save sent while a slow dialog was still opening leaves a dialog too many
+    if dialogs and ((named and not title.startswith("*")) or len(dialogs) > 1):
         return Action(kind="hotkey", keys=("esc",), thought="Close the extra save dialog.")
     if dialogs:
         return Action(kind="type", content="/home/user/Documents/agenda.txt\n",
                       thought="Name the file by its full path and confirm.")
-    if saved:
+    if title == "Untitled 1":
+        return Action(kind="type", content="meeting at 10", thought='Type "meeting at 10" into the editor.')
+    if named:
+        if title.startswith("*"):
+            return Action(kind="hotkey", keys=("ctrl", "s"), thought="Save the changes.")
         return Action(kind="finished", thought="The line is written and saved as agenda.txt.")
-    if title.startswith("*"):
-        return Action(kind="hotkey", keys=("ctrl", "s"), thought="Save the document.")
-    return Action(kind="type", content="meeting at 10", thought='Type "meeting at 10" into the editor.')
+    # unsaved, or saved under another name (a dialog that was not ready took the default)
+    return Action(kind="hotkey", keys=("ctrl", "shift", "s"), thought="Save it under the name asked for.")
 
 
 def _vm_xterm_mkdir(instruction, elements, obs):

@@ -223,7 +223,11 @@ class QemuVM:
             self.cold_boot_s = time.monotonic() - start
             self.qmp("stop")  # the disk layer and the saved memory must agree: nothing runs between
             self.qmp("migrate", uri=f"exec:cat > {shlex.quote(str(tmp_state))}")
+            deadline = time.monotonic() + self.settings.boot_timeout_s
             while (status := self.qmp("query-migrate").get("status")) not in ("completed", "failed", "cancelled"):
+                if time.monotonic() > deadline:
+                    raise EnvError(f"{self.name}: saving the booted desktop took over "
+                                   f"{self.settings.boot_timeout_s:g} s")
                 time.sleep(0.2)
             if status != "completed":
                 raise EnvError(f"{self.name}: saving the booted desktop failed ({status})")
@@ -244,9 +248,10 @@ class QemuVM:
         """Until the saved desktop is loaded; then let it run."""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                # a state this QEMU cannot load is dropped: the next start saves a new one
-                state.unlink(missing_ok=True)
-                raise EnvError(f"{self.name}: QEMU could not load the booted desktop: {self._stderr()}")
+                error = self._stderr()
+                if "load" in error.lower() or "migrat" in error.lower():
+                    state.unlink(missing_ok=True)  # a state this QEMU cannot load: the next start saves anew
+                raise EnvError(f"{self.name}: QEMU exited loading the booted desktop: {error}")
             with contextlib.suppress(EnvError):
                 status = self.qmp("query-status")["status"]
                 if status not in ("inmigrate", "prelaunch"):

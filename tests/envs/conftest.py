@@ -144,7 +144,7 @@ def vm_slots(count: int = 1, **qemu) -> OSWorldSlots:
     """Desktop VM slots as the tests run them: software emulation where KVM cannot boot
     (accel auto probes), a 1280x800 screen, the window list in every observation, and 30 s
     for any answer of the VM (a hung one is replaced after that; a step takes 2-10 s)."""
-    return OSWorldSlots(provider="qemu", count=count, screen_width=1280, screen_height=800, settle_s=0.5,
+    return OSWorldSlots(provider="qemu", count=count, screen_width=1280, screen_height=800, settle_s=1.0,
                         observe_windows=True, http_timeout_s=30.0, qemu=QemuSettings(memory_mib=1024, **qemu))
 
 
