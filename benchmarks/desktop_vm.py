@@ -7,7 +7,7 @@ First the saved booted desktop of this configuration is dropped, so the first VM
 `cold_boot_s`. For each VM count the VMs then start at once from the saved desktop
 (`start_s`: load it, the server answers, `savevm`), and each VM, all concurrently, runs
 `--resets` restores of its ready snapshot (`loadvm` until the server answers again: the
-reset of an episode, before any task setup) and `--steps` steps (a pyautogui click at a
+reset of an episode, before any task setup; `loadvm_*` is the monitor command alone) and `--steps` steps (a pyautogui click at a
 random point through /execute, then /screenshot: action to next screenshot, no settle
 pause). Memory per VM is QEMU's RSS and PSS after the steps. The reference is in the same
 run: a fresh boot per episode, as DART's release does (it then sleeps 60 s more), against
@@ -39,18 +39,19 @@ def _pct(values: list[float], q: float) -> float:
 
 def _exercise(vm: QemuVM, resets: int, steps: int, seed: int, out: dict) -> None:
     client, rng = VMClient(vm.url, timeout_s=120), random.Random(seed)
-    reset_s, step_s = [], []
+    reset_s, loadvm_s, step_s = [], [], []
     for _ in range(resets):
         start = time.monotonic()
         vm.restore()
         reset_s.append(time.monotonic() - start)
+        loadvm_s.append(vm.loadvm_s)
     for _ in range(steps):
         x, y = rng.randrange(SCREEN[0]), rng.randrange(SCREEN[1])
         start = time.monotonic()
         client.execute(f"pyautogui.click({x}, {y})")
         client.screenshot()
         step_s.append(time.monotonic() - start)
-    out.update(reset_s=reset_s, step_s=step_s, memory_mib=vm.memory_mib())
+    out.update(reset_s=reset_s, loadvm_s=loadvm_s, step_s=step_s, memory_mib=vm.memory_mib())
 
 
 def measure(count: int, settings: QemuSettings, resets: int, steps: int, cold_boot_s: float) -> dict:
@@ -71,10 +72,12 @@ def measure(count: int, settings: QemuSettings, resets: int, steps: int, cold_bo
         for t in threads:
             t.join()
         resets_all = [s for r in results for s in r["reset_s"]]
+        loadvm_all = [s for r in results for s in r["loadvm_s"]]
         steps_all = [s for r in results for s in r["step_s"]]
         return {"vms": count, "accel": vms[0].accel,
                 "start_s": [round(vm.start_s, 1) for vm in vms], "snapshot_s": [round(vm.snapshot_s, 2) for vm in vms],
                 "reset_p50_s": round(statistics.median(resets_all), 3), "reset_p95_s": round(_pct(resets_all, 0.95), 3),
+                "loadvm_p50_s": round(statistics.median(loadvm_all), 3), "loadvm_p95_s": round(_pct(loadvm_all, 0.95), 3),
                 "step_p50_s": round(statistics.median(steps_all), 3), "step_p95_s": round(_pct(steps_all, 0.95), 3),
                 "rss_mib_per_vm": [round(r["memory_mib"]["rss"]) for r in results],
                 "pss_mib_per_vm": [round(r["memory_mib"]["pss"]) for r in results],

@@ -150,7 +150,7 @@ class QemuVM:
         self.process: subprocess.Popen | None = None
         self.port = 0
         self.dir: Path | None = None
-        self.start_s = self.cold_boot_s = self.snapshot_s = 0.0
+        self.start_s = self.cold_boot_s = self.snapshot_s = self.loadvm_s = 0.0
 
     @property
     def url(self) -> str:
@@ -319,8 +319,10 @@ class QemuVM:
         """Memory and disk back to the ready snapshot; the server answers again."""
         if not self.alive():
             raise EnvError(f"{self.name}: QEMU is not running (exit {self.process.returncode})")
+        start = time.monotonic()
         self.hmp(f"loadvm {SNAPSHOT}")
-        deadline = time.monotonic() + self.settings.restore_timeout_s
+        self.loadvm_s = time.monotonic() - start
+        deadline = start + self.settings.restore_timeout_s
         while not self._answers("/platform", timeout_s=5.0):
             if time.monotonic() > deadline:
                 raise EnvError(f"{self.name}: no answer {self.settings.restore_timeout_s:g} s after loadvm")
