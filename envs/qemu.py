@@ -267,7 +267,7 @@ class QemuVM:
             command = self.command(overlay, incoming)
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=open(self.dir / "qemu.err", "wb"), start_new_session=True)
-            reaper.watch(self.process.pid)
+            reaper.watch(self.process.pid, self.dir)  # a killed server's VM leaves no files either
             time.sleep(0.3)
             if self.process.poll() is None:
                 return

@@ -1,10 +1,12 @@
 """An env server killed with SIGKILL leaves no browser, driver or QEMU process behind."""
 
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -95,21 +97,30 @@ def test_sigkill_of_the_server_leaves_no_qemu():
     slots = vm_slots(count=1)
     slot = {"type": "osworld", "provider": "qemu", "count": 1, "screen_width": 1280, "screen_height": 800,
             "qemu": {"memory_mib": slots.qemu.memory_mib}}
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "dart-vm-slot0-*")))
     seen, left = _kill_server_and_count([slot], ("qemu-system",))
     assert seen["qemu-system"] == 1 and left == [], f"QEMU outlived the env server: {left}"
+    pattern, deadline = os.path.join(tempfile.gettempdir(), "dart-vm-slot0-*"), time.monotonic() + 10
+    while not set(glob.glob(pattern)) <= before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(glob.glob(pattern)) <= before, f"the killed server's VM left {sorted(set(glob.glob(pattern)) - before)}"
 
 
-def test_the_watchdog_kills_registered_groups_when_its_pipe_closes():
+def test_the_watchdog_kills_registered_groups_when_its_pipe_closes(tmp_path):
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     watchdog = subprocess.Popen([sys.executable, "-m", "envs.reaper"], stdin=subprocess.PIPE, text=True,
                                 cwd=ROOT, start_new_session=True)
     kept = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    folder, other = tmp_path / "vm one", tmp_path / "kept"
+    for f in (folder, other):
+        f.mkdir()
+        (f / "overlay.qcow2").write_bytes(b"x")
     try:
-        watchdog.stdin.write(f"+{sleeper.pid}\n+{kept.pid}\n-{kept.pid}\n")
+        watchdog.stdin.write(f"+{sleeper.pid} {folder}\n+{kept.pid} {other}\n-{kept.pid}\n")
         watchdog.stdin.close()  # what the death of the server does
         watchdog.wait(timeout=10)
-        assert sleeper.wait(timeout=10) == -signal.SIGKILL
-        assert kept.poll() is None  # forgotten groups are left alone
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL and not folder.exists()
+        assert kept.poll() is None and other.exists()  # forgotten groups are left alone
     finally:
         for p in (sleeper, kept):
             p.kill()
