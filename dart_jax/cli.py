@@ -139,7 +139,8 @@ def _add_scale_commands(sub) -> None:
     tpu = sub.add_parser("tpu", help="the trainer on a Cloud TPU slice (gcloud)").add_subparsers(dest="action",
                                                                                                required=True)
     for action, text in (("submit", "create the slice, install, launch the trainer on every host, follow"),
-                         ("status", "describe the queued resource"), ("logs", "follow worker 0's trainer log"),
+                         ("status", "the queued resource's state and what submit would do"),
+                         ("logs", "follow worker 0's trainer log"), ("stop", "stop the trainer on every host"),
                          ("delete", "delete the slice and its queued resource")):
         p = _with_config(tpu.add_parser(action, help=text))
         p.add_argument("--dry-run", action="store_true", help="print the gcloud commands in order, run nothing")

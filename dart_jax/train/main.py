@@ -30,13 +30,18 @@ from dart_jax.train.trainer import Trainer
 log = logging.getLogger(__name__)
 
 
+SLICE_PORT = "8482"  # JAX's coordinator port on TPU slices (JAX_COORDINATOR_PORT overrides it)
+
+
 def initialize_distributed(cfg: DistributedConfig) -> None:
     """Join the trainer's JAX process group (train.distributed; a no-op when off). Call it
-    before anything runs on a JAX device: the backends start with the group."""
+    before anything runs on a JAX device: the backends start with the group. CPU hosts
+    exchange through gloo (the setting only concerns the CPU backend)."""
     if cfg.mode == "off":
         return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if cfg.mode == "auto":
-        jax.distributed.initialize()
+        jax.distributed.initialize(*slice_from_environment())
         return
     if not cfg.coordinator:
         raise ValueError("train.distributed.coordinator: needed in explicit mode (host:port of process 0)")
@@ -44,8 +49,20 @@ def initialize_distributed(cfg: DistributedConfig) -> None:
     if not 0 <= pid < cfg.num_processes:
         raise ValueError(f"process id {pid}: set train.distributed.process_id or DART_PROCESS_ID "
                          f"to 0..{cfg.num_processes - 1}")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(cfg.coordinator, cfg.num_processes, pid)
+
+
+def slice_from_environment() -> tuple[str | None, int | None, int | None]:
+    """(coordinator, process count, process id) from the variables GKE gives each host of a TPU
+    slice (TPU_WORKER_HOSTNAMES, TPU_WORKER_ID), read here so that hosts JAX does not detect as
+    TPU VMs (CPU or GPU hosts started the same way, the pod rehearsal) form the group as a slice
+    does; (None, None, None) elsewhere, where JAX's own detection (the TPU metadata of a TPU VM)
+    decides."""
+    hosts, worker = os.environ.get("TPU_WORKER_HOSTNAMES"), os.environ.get("TPU_WORKER_ID")
+    if not hosts or worker is None or int(os.environ.get("MEGASCALE_NUM_SLICES", "1")) > 1:
+        return None, None, None
+    names = hosts.split(",")
+    return f"{names[0]}:{os.environ.get('JAX_COORDINATOR_PORT', SLICE_PORT)}", len(names), int(worker)
 
 
 def main(cfg, run: RunDir) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from PIL import Image
 
@@ -181,3 +182,33 @@ def test_vllm_cpu_serves_the_export(trained, tmp_path):
     n = len(text["prompt_token_ids"])
     ours = [logp[n - 1 + i, t] for i, t in enumerate(text["token_ids"])]
     np.testing.assert_allclose(ours, text["logprobs"], atol=1e-4)
+
+
+def _bytes_read() -> int:
+    """Bytes tensorstore (orbax's array storage) has read from files in this process."""
+    import tensorstore as ts
+    return sum(v["value"] for m in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/file/bytes_read")
+               for v in m["values"])
+
+
+def test_export_reads_the_parameters_not_the_optimizer_state(trained):
+    """A checkpoint holds the parameters and AdamW's two moments (twice their bytes): export
+    reads the parameters' bytes and leaves the moments on disk."""
+    from dart_jax.models.hf_io import read_config
+    from dart_jax.train.export import restore_params
+    tiny, run, trainer = trained
+    cfg = load(RunConfig, run.config_path)
+    before = _bytes_read()
+    params, _, _ = restore_params(run.checkpoints, cfg.trainer, read_config(tiny), STEPS)
+    read = _bytes_read() - before
+    with Checkpointer(run.checkpoints, async_save=False) as ckpt:  # the whole state, for comparison
+        before = _bytes_read()
+        ckpt.manager.restore(STEPS, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                            meta=ocp.args.JsonRestore()))
+        whole = _bytes_read() - before
+    print(f"export read {read:,} B of the checkpoint's {whole:,} B (zstd-compressed arrays; "
+          f"{sum(x.nbytes for x in _leaves(trainer.state.params)):,} B of fp32 parameters in memory)")
+    # the parameters are a third of the arrays (AdamW's two moments are the rest), plus the index
+    assert 0.3 * whole < read < 0.55 * whole
+    for a, b in zip(_leaves(params), _leaves(trainer.state.params)):
+        np.testing.assert_array_equal(a, b)
