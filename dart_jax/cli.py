@@ -102,6 +102,23 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ping(args: argparse.Namespace) -> int:
+    """Exit 0 when the server of LINK answers Ping within --timeout, else 1 (a liveness probe)."""
+    import dataclasses
+    from dart_jax.wire import Client, RemoteError, WireTimeout
+    from dart_jax.wire.messages import Ping
+    cfg = _load_run_config(args)
+    section, name = args.link.split(".")
+    wire = dataclasses.replace(getattr(getattr(cfg, section), name), timeout_s=args.timeout)
+    try:
+        with Client(wire) as client:
+            client.request(Ping())
+    except (WireTimeout, RemoteError) as e:
+        print(f"dart-jax: ping {args.link} ({wire.endpoint}): {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from dart_jax.capacity import plan
     return plan.main(_load_run_config(args), str(args.config), strict=args.strict)
@@ -129,6 +146,15 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     from dart_jax.run import policy
     print(json.dumps(policy.import_hf(args.hf_dir, args.run_dir)))
     return 0
+
+
+def _add_ping(sub) -> None:
+    ping = sub.add_parser("ping", help="ask a server of the run's config whether it answers (liveness probes)")
+    ping.add_argument("config", type=Path, help="a YAML file in configs/")
+    ping.add_argument("link", choices=("data.wire", "envs.wire"), help="the link whose server is asked")
+    ping.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides (the endpoint to ask at)")
+    ping.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
+    ping.set_defaults(fn=cmd_ping)
 
 
 def _add_scale_commands(sub) -> None:
@@ -199,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("name")
     keys.set_defaults(fn=cmd_keys)
     _add_scale_commands(sub)
+    _add_ping(sub)
     return parser
 
 

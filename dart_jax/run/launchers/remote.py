@@ -81,7 +81,7 @@ def _mount(root: SharedRoot) -> str:
 
 
 def install_script(t: TPUConfig, wheel: str) -> str:
-    setup = f"PATH=\"$PWD/.venv/bin:$PATH\" bash -c {shlex.quote(t.setup_command)}" if t.setup_command else \
+    setup = f"PATH=\"$PWD/.venv/bin:$(dirname \"$UV\"):$PATH\" bash -c {shlex.quote(t.setup_command)}" if t.setup_command else \
         "# no tpu.setup_command"
     return f"""#!/usr/bin/env bash
 # dart-jax on one host of the slice (written by `dart-jax tpu submit`; idempotent): run it as
@@ -114,13 +114,15 @@ def launch_script(t: TPUConfig) -> str:
 set -euo pipefail
 cd "$(dirname "$0")"
 export PATH="$PWD/.venv/bin:$PATH"
+alive() {{ [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }}  # a zombie is gone
 stop() {{
   [ -f {PID} ] || return 0
   pid=$(cat {PID}); rm -f {PID}
   grep -aqs dart-jax "/proc/$pid/cmdline" || return 0  # gone, or its id was reused
   kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true  # JAX's preemption notice holds SIGTERM
+  for _ in $(seq 300); do alive "$pid" || return 0; sleep 0.1; done
 }}
 case "${{1:-start}}" in
   stop) stop ;;

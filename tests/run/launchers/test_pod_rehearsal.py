@@ -82,10 +82,18 @@ def _trainer(host: Path) -> psutil.Process | None:
         return None
 
 
-def _wait(what: str, done, timeout_s: float, hosts: list[Path]) -> None:
+def _gone(p: psutil.Process) -> bool:
+    """Ended (a zombie too: an orphan waits for the machine's init to reap it)."""
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait(what: str, done, timeout_s: float, hosts: list[Path], dead=lambda: False) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or dead():
             logs = "\n".join((h / remote.LOG).read_text()[-2000:] for h in hosts if (h / remote.LOG).exists())
             pytest.fail(f"no {what} in {timeout_s:.0f} s:\n{logs}")
         time.sleep(0.5)
@@ -127,17 +135,18 @@ def test_two_hosts_install_the_wheel_train_as_one_pod_and_resume_from_the_shared
         for host, env in zip(hosts, envs):
             _run(["bash", remote.LAUNCH, "start"], host, env)
         run = tmp_path / "shared" / "pod"
-        _wait("checkpoint of step 2", lambda: 2 in _committed(run), 600, hosts)
+        _wait("checkpoint of step 2", lambda: 2 in _committed(run), 600, hosts,
+              dead=lambda: not all(_trainer(h) for h in hosts))
         first = [_trainer(h) for h in hosts]
         assert all(first) and _committed(run) == [1, 2]  # the third batch has not come
 
         os.kill(first[1].pid, signal.SIGKILL)  # host 1 dies
         _run(["bash", remote.LAUNCH, "start"], hosts[0], envs[0])  # a second submit relaunches every host
         _run(["bash", remote.LAUNCH, "start"], hosts[1], envs[1])
-        assert not first[0].is_running()  # launch.sh stopped host 0's old trainer first
+        assert _gone(first[0])  # launch.sh stopped host 0's old trainer first
         second = [_trainer(h) for h in hosts]
         _submit(dm.wire, 100, 16)  # two more batches
-        _wait("both trainers' exit", lambda: not any(p.is_running() for p in second), 600, hosts)
+        _wait("both trainers' exit", lambda: all(_gone(p) for p in second), 600, hosts)
     finally:
         for host, env in zip(hosts, envs):
             if (host / remote.LAUNCH).exists():

@@ -32,7 +32,7 @@ from tests.net import free_port
 from tests.stores import content_duplicates, stored_ids
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(tmp: Path, ray_address: str) -> RunConfig:
