@@ -23,6 +23,7 @@ from dart_jax.train.batch import BucketSpec
 from dart_jax.train.checkpoint import Checkpointer
 from dart_jax.train.collate import Collator
 from dart_jax.train.config import DistributedConfig
+from dart_jax.train.heartbeat import Heartbeat
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.train.sources import DataManagerSource, TrajectoryFileSource
 from dart_jax.train.trainer import Trainer
@@ -86,6 +87,18 @@ def main(cfg, run: RunDir) -> dict:
             metrics.write(step, values)
         log.info("step %d: %s", step, {k: round(v, 5) for k, v in values.items() if not k.startswith("time/")})
 
+    if not (lead and tcfg.mode == "rl"):
+        return _train(cfg, run, trainer, collator, hf_dir, lead, record, metrics, last)
+    with Heartbeat(cfg.data.wire, cfg.run.heartbeat_s, lambda: (trainer.step, trainer.policy_version)) as beat:
+        _train(cfg, run, trainer, collator, hf_dir, lead, record, metrics, last)
+        beat.finish()
+    return last
+
+
+def _train(cfg, run: RunDir, trainer: Trainer, collator: Collator, hf_dir: Path, lead: bool, record, metrics,
+           last: dict) -> dict:
+    """The training loop of main (SFT or RL), then the export."""
+    tcfg = cfg.trainer
     with Checkpointer(run.checkpoints, max_to_keep=tcfg.checkpoint.keep, async_save=tcfg.checkpoint.async_save) as ckpt:
         if tcfg.mode == "sft":
             source = iter(TrajectoryFileSource(run.root / cfg.train.sft_data, collator, seed=tcfg.seed,

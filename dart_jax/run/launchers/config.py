@@ -59,6 +59,12 @@ class TPUConfig:
     launch_command: str = "dart-jax train"  # every host runs it with the shipped config appended
     poll_s: float = bounded(30.0, gt=0)
     active_timeout_s: float = bounded(6 * 3600.0, gt=0)
+    # `dart-jax run` with the trainer on launcher tpu: attach to a trainer submitted before
+    # (`dart-jax tpu submit`) instead of submitting it; how long its first heartbeat may take
+    # (install, the policy's download, compilation) and the longest silence after that
+    attach: bool = False
+    startup_timeout_s: float = bounded(2 * 3600.0, gt=0)
+    heartbeat_timeout_s: float = bounded(600.0, gt=0)
 
     def __post_init__(self) -> None:
         for key in ("project", "zone", "name", "queued_resource", "accelerator_type", "runtime_version"):
