@@ -33,6 +33,7 @@ it gave up answers ActorDiedError.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -100,7 +101,6 @@ PACKAGES = ("dart_jax", "rollout_gpu", "envs")  # what the runtime_env carries (
 
 def code_dirs() -> list[str]:
     """This checkout's package directories, for the runtime_env's py_modules."""
-    import importlib
     return [str(Path(importlib.import_module(name).__file__).parent) for name in PACKAGES]
 
 
