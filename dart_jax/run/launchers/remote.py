@@ -81,8 +81,9 @@ def _mount(root: SharedRoot) -> str:
 
 
 def install_script(t: TPUConfig, wheel: str) -> str:
-    setup = f"PATH=\"$PWD/.venv/bin:$(dirname \"$UV\"):$PATH\" bash -c {shlex.quote(t.setup_command)}" if t.setup_command else \
-        "# no tpu.setup_command"
+    setup = "# no tpu.setup_command"
+    if t.setup_command:  # the venv and uv on PATH
+        setup = f"PATH=\"$PWD/.venv/bin:$(dirname \"$UV\"):$PATH\" bash -c {shlex.quote(t.setup_command)}"
     return f"""#!/usr/bin/env bash
 # dart-jax on one host of the slice (written by `dart-jax tpu submit`; idempotent): run it as
 # `bash {INSTALL}` in the directory it lies in, beside the wheel and its lock.
@@ -139,7 +140,8 @@ def ship(t: TPUConfig, directory: Path, config_yaml: str,
     out = Ship(directory, wheel_name(checkout))
     (directory / out.wheel).unlink(missing_ok=True)
     if (code := run(wheel_argv(directory, checkout))) != 0 or not (directory / out.wheel).is_file():
-        raise UsageError(f"building the wheel of {checkout} failed (exit {code}): `{shlex.join(wheel_argv(directory, checkout))}`")
+        raise UsageError(f"building the wheel of {checkout} failed (exit {code}): "
+                         f"`{shlex.join(wheel_argv(directory, checkout))}`")
     shutil.copyfile(checkout / LOCK_SOURCE, directory / LOCK)
     (directory / CONFIG).write_text(config_yaml)
     (directory / INSTALL).write_text(install_script(t, out.wheel))

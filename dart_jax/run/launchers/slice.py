@@ -66,7 +66,8 @@ class SliceProcess:
     def host(self) -> str:
         got = self.env.runner(worker0_argv(self.cfg.tpu), True)
         if got.returncode or not got.stdout.strip():
-            raise tpu.TPUCommandError(f"`{shlex.join(worker0_argv(self.cfg.tpu)[:6])} ...` gave no address for worker 0")
+            argv = shlex.join(worker0_argv(self.cfg.tpu)[:6])
+            raise tpu.TPUCommandError(f"`{argv} ...` gave no address for worker 0")
         return got.stdout.strip()
 
     def stop(self, grace_s: float = 20.0) -> int | None:

@@ -243,7 +243,8 @@ def run_step(step: Step, t: TPUConfig, env: Env, config_yaml: str = "") -> None:
     if step.kind == "poll":
         return wait_active(t, step.argv, env)
     if step.kind == "ship":
-        remote.ship(t, Path(step.argv[step.argv.index("--wheel-dir") + 1]), config_yaml, lambda argv: env.runner(argv, False).returncode)
+        ship_dir = Path(step.argv[step.argv.index("--wheel-dir") + 1])
+        remote.ship(t, ship_dir, config_yaml, lambda argv: env.runner(argv, False).returncode)
         return None
     try:
         rc = env.runner(step.argv, False).returncode

@@ -69,6 +69,7 @@ def _run(argv: list[str], cwd: Path, env: dict) -> None:
 def _host_env(worker: int, port: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     return env | {"DART_PYTHON": sys.executable,
+                  "PATH": f"{Path(sys.executable).parent}:{env['PATH']}",  # uv is there, beside it
                   "DART_DEPS_FROM": sysconfig.get_paths()["purelib"], "UV_OFFLINE": "1",
                   "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * HOSTS), "TPU_WORKER_ID": str(worker),
                   "JAX_COORDINATOR_PORT": str(port), "JAX_PLATFORMS": "cpu",
