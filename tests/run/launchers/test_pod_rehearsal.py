@@ -15,7 +15,7 @@ The data manager holds two batches: the pod trains steps 1-2, checkpoints each, 
 a third. Host 1's trainer is SIGKILLed; `launch.sh start` on both hosts (what a second submit
 runs) stops host 0's trainer, and both resume from the shared checkpoint of step 2 once more
 rollouts arrive, train to step 4 and exit. Both launches compile the train step: most of the
-test's minutes (572 s here with the machine shared by other suites, load average 50-70).
+test's time (161 s on this 2-core machine lightly shared; 572 s at a load average of 50-70).
 """
 
 import os
