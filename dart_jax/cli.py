@@ -102,6 +102,23 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ping(args: argparse.Namespace) -> int:
+    """Exit 0 when the server of LINK answers Ping within --timeout, else 1 (a liveness probe)."""
+    import dataclasses
+    from dart_jax.wire import Client, RemoteError, WireTimeout
+    from dart_jax.wire.messages import Ping
+    cfg = _load_run_config(args)
+    section, name = args.link.split(".")
+    wire = dataclasses.replace(getattr(getattr(cfg, section), name), timeout_s=args.timeout)
+    try:
+        with Client(wire) as client:
+            client.request(Ping())
+    except (WireTimeout, RemoteError) as e:
+        print(f"dart-jax: ping {args.link} ({wire.endpoint}): {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from dart_jax.capacity import plan
     return plan.main(_load_run_config(args), str(args.config), strict=args.strict)
@@ -131,6 +148,15 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_ping(sub) -> None:
+    ping = sub.add_parser("ping", help="ask a server of the run's config whether it answers (liveness probes)")
+    ping.add_argument("config", type=Path, help="a YAML file in configs/")
+    ping.add_argument("link", choices=("data.wire", "envs.wire"), help="the link whose server is asked")
+    ping.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides (the endpoint to ask at)")
+    ping.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
+    ping.set_defaults(fn=cmd_ping)
+
+
 def _add_scale_commands(sub) -> None:
     """plan (dart_jax.capacity), tpu (dart_jax.run.launchers), export-hf, import-hf (dart_jax.run.policy)."""
     plan = _with_config(sub.add_parser("plan", help="per-chip memory estimate of the run's trainer"))
@@ -139,7 +165,8 @@ def _add_scale_commands(sub) -> None:
     tpu = sub.add_parser("tpu", help="the trainer on a Cloud TPU slice (gcloud)").add_subparsers(dest="action",
                                                                                                required=True)
     for action, text in (("submit", "create the slice, install, launch the trainer on every host, follow"),
-                         ("status", "describe the queued resource"), ("logs", "follow worker 0's trainer log"),
+                         ("status", "the queued resource's state and what submit would do"),
+                         ("logs", "follow worker 0's trainer log"), ("stop", "stop the trainer on every host"),
                          ("delete", "delete the slice and its queued resource")):
         p = _with_config(tpu.add_parser(action, help=text))
         p.add_argument("--dry-run", action="store_true", help="print the gcloud commands in order, run nothing")
@@ -198,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("name")
     keys.set_defaults(fn=cmd_keys)
     _add_scale_commands(sub)
+    _add_ping(sub)
     return parser
 
 

@@ -31,6 +31,12 @@ micro-batch (rows per host x hosts, split over the batch's data*fsdp shards), T 
   gathered        2 x the largest decoder layer or vision block in c, split by tp only
                   (FSDP gathers a layer's weights while the next one is fetched).
   inputs          R*S*(patch_dim + 3)*4 + R*T*10*4 (fp32 pixels, slot positions, ids, targets)
+  micro grad      4P   the fp32 gradient of one micro-batch, live while it is added to the sums
+  layer grad      4 x the largest layer / tp: its weight gradient before FSDP's reduce-scatter
+                  shards it (fp32, the master weights' dtype)
+  MLP backward    the gradients of the gate and up outputs of the layer being rebuilt, 2*N*F*c
+                  (F / tp), the larger of the text stack's (N = R*T) and the vision stack's (R*S):
+                  the two stacks' backward passes run one after the other
   apply           8P   the scaled gradients and AdamW updates of the optimizer step
 
 peak = parameters + gradients + optimizer + reference + max(step terms, apply). It fits when
@@ -163,7 +169,17 @@ def step_terms(model, trainer, b: Batch, p: Params, mesh, c: int, dense: bool, b
     return [text_term(model, trainer, b, mesh, c, dense), vision_term(model, trainer, b, mesh, c, dense),
             kernel_term(model, trainer, b, p, c, backend),
             Term("gathered", 2 * p.layer * c, f"2 x {p.layer:,.0f} (largest layer / tp) x {c} B"),
-            Term("inputs", inputs, f"R*(S*({v.patch_dim}+3) + T*{INPUT_ARRAYS_PER_TOKEN})*4 B")]
+            Term("inputs", inputs, f"R*(S*({v.patch_dim}+3) + T*{INPUT_ARRAYS_PER_TOKEN})*4 B"),
+            Term("micro grad", F32 * p.chip, "4 B x P, one micro-batch's fp32 gradient beside the sums"),
+            Term("layer grad", F32 * p.layer, f"4 B x {p.layer:,.0f} (largest layer / tp), before its reduce-scatter"),
+            mlp_backward_term(model, b, mesh, c)]
+
+
+def mlp_backward_term(model, b: Batch, mesh, c: int) -> Term:
+    text = 2 * b.rows_chip * b.seq_len * text_stack(model.text, mesh).mlp * c
+    vision = 2 * b.rows_chip * b.slots * vision_stack(model.vision, mesh).mlp * c
+    return Term("MLP backward", max(text, vision),
+                f"max(text 2*R*T*F*c = {text:,.0f}, vision 2*R*S*F*c = {vision:,.0f}) B, F / tp")
 
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}

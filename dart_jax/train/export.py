@@ -5,17 +5,20 @@
 One checkpoint's train state is restored with `Checkpointer` onto this host's devices and its
 parameters are written by `dart_jax.models.hf_io.export` (safetensors in Hub names and torch
 layout, config.json), plus the tokenizer and processor files of `policy_src` (the run's policy
-directory), so transformers and vLLM load it. The trainer config names the optimizer whose
-state the checkpoint holds beside the parameters. The whole state is read (parameters and
-AdamW moments): the host needs about 16 bytes per parameter.
+directory), so transformers and vLLM load it. Only the parameters are read: the optimizer
+state beside them (AdamW's two moments, twice the parameters' bytes) is left on disk as
+orbax placeholders, so the host holds 4 bytes per parameter (fp32) and writes the shards
+tensor by tensor as they are converted (hf_io.export).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from dart_jax.config import UsageError
 from dart_jax.models import hf_io
@@ -44,7 +47,9 @@ def restore_params(checkpoint_dir: Path, trainer_cfg: TrainerConfig, model_cfg: 
         if step is None or step not in ckpt.all_steps():
             which = "no checkpoint" if step is None else f"no checkpoint {step}"
             raise ExportError(f"{which} in {checkpoint_dir} (steps: {ckpt.all_steps()})")
-        state, meta = ckpt.restore(target, step)
+        skip = jax.tree.map(lambda _: ocp.PLACEHOLDER, target.opt_state)  # AdamW moments stay on disk
+        state, meta = ckpt.restore(dataclasses.replace(target, opt_state=skip),
+                                   step)
     return state.params, meta, step
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dart_jax.train.config import Aggregation, DualClipLoss, GSPOLoss, LossConfig
 
@@ -36,7 +37,8 @@ class Denominators:
 
 jax.tree_util.register_dataclass(Denominators, data_fields=["tokens", "seqs"], meta_fields=[])
 
-UNIT = Denominators(jnp.float32(1.0), jnp.float32(1.0))
+# numpy scalars: a JAX array made at import would start the backends before jax.distributed
+UNIT = Denominators(np.float32(1.0), np.float32(1.0))
 
 
 def denominators(mask_BxT: jax.Array) -> Denominators:

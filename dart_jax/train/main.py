@@ -13,20 +13,36 @@ import logging
 import os
 from pathlib import Path
 
+import jax
+
+from dart_jax.models import hf_io
+from dart_jax.models.convert import hf_buckets
 from dart_jax.rundir import MetricsWriter, RunDir
+from dart_jax.train import loop
+from dart_jax.train.batch import BucketSpec
+from dart_jax.train.checkpoint import Checkpointer
+from dart_jax.train.collate import Collator
 from dart_jax.train.config import DistributedConfig
+from dart_jax.train.heartbeat import Heartbeat
+from dart_jax.train.publish import WeightPublisher
+from dart_jax.train.sources import DataManagerSource, TrajectoryFileSource
+from dart_jax.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
+SLICE_PORT = "8482"  # JAX's coordinator port on TPU slices (JAX_COORDINATOR_PORT overrides it)
+
+
 def initialize_distributed(cfg: DistributedConfig) -> None:
     """Join the trainer's JAX process group (train.distributed; a no-op when off). Call it
-    before anything runs on a JAX device: the backends start with the group."""
-    import jax  # deliberately here and below: the trainer's modules start a backend on import
+    before anything runs on a JAX device: the backends start with the group. CPU hosts
+    exchange through gloo (the setting only concerns the CPU backend)."""
     if cfg.mode == "off":
         return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if cfg.mode == "auto":
-        jax.distributed.initialize()
+        jax.distributed.initialize(*slice_from_environment())
         return
     if not cfg.coordinator:
         raise ValueError("train.distributed.coordinator: needed in explicit mode (host:port of process 0)")
@@ -34,25 +50,26 @@ def initialize_distributed(cfg: DistributedConfig) -> None:
     if not 0 <= pid < cfg.num_processes:
         raise ValueError(f"process id {pid}: set train.distributed.process_id or DART_PROCESS_ID "
                          f"to 0..{cfg.num_processes - 1}")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(cfg.coordinator, cfg.num_processes, pid)
+
+
+def slice_from_environment() -> tuple[str | None, int | None, int | None]:
+    """(coordinator, process count, process id) from the variables GKE gives each host of a TPU
+    slice (TPU_WORKER_HOSTNAMES, TPU_WORKER_ID), read here so that hosts JAX does not detect as
+    TPU VMs (CPU or GPU hosts started the same way, the pod rehearsal) form the group as a slice
+    does; (None, None, None) elsewhere, where JAX's own detection (the TPU metadata of a TPU VM)
+    decides."""
+    hosts, worker = os.environ.get("TPU_WORKER_HOSTNAMES"), os.environ.get("TPU_WORKER_ID")
+    if not hosts or worker is None or int(os.environ.get("MEGASCALE_NUM_SLICES", "1")) > 1:
+        return None, None, None
+    names = hosts.split(",")
+    return f"{names[0]}:{os.environ.get('JAX_COORDINATOR_PORT', SLICE_PORT)}", len(names), int(worker)
 
 
 def main(cfg, run: RunDir) -> dict:
     """Train `cfg.train.steps` updates (fewer on a stall or a spent budget); returns the last
     metrics (and the export's path)."""
     initialize_distributed(cfg.train.distributed)
-    # the trainer's modules only now: importing them starts a JAX backend, which must come
-    # after the process group is formed
-    import jax
-    from dart_jax.models import hf_io
-    from dart_jax.train import loop
-    from dart_jax.train.batch import BucketSpec
-    from dart_jax.train.checkpoint import Checkpointer
-    from dart_jax.train.collate import Collator
-    from dart_jax.train.publish import WeightPublisher
-    from dart_jax.train.sources import DataManagerSource, TrajectoryFileSource
-    from dart_jax.train.trainer import Trainer
 
     hf_dir, tcfg = run.policy_dir(cfg.policy.hf_dir), cfg.trainer
     collator = Collator.from_pretrained(hf_dir, BucketSpec(tcfg.buckets.seq_lens, tcfg.buckets.num_slots,
@@ -70,6 +87,18 @@ def main(cfg, run: RunDir) -> dict:
             metrics.write(step, values)
         log.info("step %d: %s", step, {k: round(v, 5) for k, v in values.items() if not k.startswith("time/")})
 
+    if not (lead and tcfg.mode == "rl"):
+        return _train(cfg, run, trainer, collator, hf_dir, lead, record, metrics, last)
+    with Heartbeat(cfg.data.wire, cfg.run.heartbeat_s, lambda: (trainer.step, trainer.policy_version)) as beat:
+        _train(cfg, run, trainer, collator, hf_dir, lead, record, metrics, last)
+        beat.finish()
+    return last
+
+
+def _train(cfg, run: RunDir, trainer: Trainer, collator: Collator, hf_dir: Path, lead: bool, record, metrics,
+           last: dict) -> dict:
+    """The training loop of main (SFT or RL), then the export."""
+    tcfg = cfg.trainer
     with Checkpointer(run.checkpoints, max_to_keep=tcfg.checkpoint.keep, async_save=tcfg.checkpoint.async_save) as ckpt:
         if tcfg.mode == "sft":
             source = iter(TrajectoryFileSource(run.root / cfg.train.sft_data, collator, seed=tcfg.seed,
@@ -94,8 +123,6 @@ def main(cfg, run: RunDir) -> dict:
 def export(trainer, hf_dir: Path, out: Path, lead: bool) -> Path:
     """The Hugging Face export. Every host walks the conversion (its gathers are
     collectives); only the lead host writes the files."""
-    from dart_jax.models import hf_io  # after the process group, as in main
-    from dart_jax.models.convert import hf_buckets
     config = hf_io.read_config(hf_dir)
     if lead:
         return hf_io.export(trainer.state.params, config, out, src_dir=hf_dir)

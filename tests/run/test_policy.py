@@ -1,6 +1,7 @@
 """export-hf of a checkpoint from a few SFT steps (transformers and vLLM load it), and import-hf."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from PIL import Image
 
@@ -182,3 +184,44 @@ def test_vllm_cpu_serves_the_export(trained, tmp_path):
     n = len(text["prompt_token_ids"])
     ours = [logp[n - 1 + i, t] for i, t in enumerate(text["token_ids"])]
     np.testing.assert_allclose(ours, text["logprobs"], atol=1e-4)
+
+
+READS = """
+import json, sys
+import orbax.checkpoint as ocp, tensorstore as ts
+from pathlib import Path
+from dart_jax.config import load
+from dart_jax.config.schema import RunConfig
+from dart_jax.models.hf_io import read_config
+from dart_jax.train.checkpoint import Checkpointer
+from dart_jax.train.export import restore_params
+
+def read():  # bytes tensorstore (orbax's array storage) has read from files in this process
+    return sum(v["value"] for m in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/file/bytes_read")
+               for v in m["values"])
+
+run = Path(sys.argv[1])
+cfg = load(RunConfig, run / "config.yaml")
+restore_params(run / "checkpoints", cfg.trainer, read_config(cfg.policy.hf_dir), None)
+export = read()
+with Checkpointer(run / "checkpoints", async_save=False) as ckpt:  # the whole state, for comparison
+    ckpt.manager.restore(ckpt.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                                     meta=ocp.args.JsonRestore()))
+print(json.dumps({"export": export, "whole": read() - export}))
+"""
+
+
+def test_export_reads_the_parameters_not_the_optimizer_state(trained):
+    """A checkpoint holds the parameters and AdamW's two moments (twice their bytes): export
+    reads the parameters' bytes and leaves the moments on disk. Measured in a fresh process by
+    tensorstore's own count of the bytes it read from files, on one device as the checkpoint was
+    written (restoring onto more devices than wrote it reads a chunk once per shard that needs it)."""
+    _, run, _ = trained
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", READS, str(run.root)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    print(f"export read {got['export']:,} B of the checkpoint's {got['whole']:,} B")
+    # the parameters are a third of the arrays (AdamW's two moments the rest), plus the index
+    assert 0.3 * got["whole"] < got["export"] < 0.45 * got["whole"]

@@ -34,7 +34,7 @@ class Launcher:
     def __init__(self, scripts):
         self.scripts, self.started = scripts, []
 
-    def start(self, instance, resources=None):
+    def start(self, instance, spec=None, index=0):
         self.started.append(instance.name)
         return Scripted(self.scripts[instance.name].pop(0))
 
@@ -128,7 +128,7 @@ class OnNode(Scripted):
 
 
 class ClusterLauncher(Launcher):
-    def start(self, instance, resources=None):
+    def start(self, instance, spec=None, index=0):
         self.started.append(instance.name)
         return OnNode(**self.scripts[instance.name].pop(0))
 

@@ -79,6 +79,6 @@ class LocalProcess:
 
 
 class LocalLauncher:
-    def start(self, instance: Instance, resources: dict | None = None) -> LocalProcess:
-        """A process on this machine (`resources` are a cluster launcher's; none here)."""
+    def start(self, instance: Instance, spec=None, index: int = 0) -> LocalProcess:
+        """A process on this machine (the placement row `spec` matters to cluster launchers)."""
         return LocalProcess(instance)

@@ -1,16 +1,20 @@
-"""`dart-jax tpu submit|status|logs|delete CONFIG`: the trainer on a Cloud TPU slice, with gcloud.
+"""`dart-jax tpu submit|status|logs|stop|delete CONFIG`: the trainer on a Cloud TPU slice, with gcloud.
 
     dart-jax tpu submit configs/tpu/v5p-64.yaml tpu.project=my-project --dry-run   # the commands
     dart-jax tpu submit configs/tpu/v5p-64.yaml tpu.project=my-project             # run them
+    dart-jax tpu status configs/tpu/v5p-64.yaml tpu.project=my-project             # state, and what submit does
     dart-jax tpu logs configs/tpu/v5p-64.yaml tpu.project=my-project               # follow again
     dart-jax tpu delete configs/tpu/v5p-64.yaml tpu.project=my-project
 
-`submit` creates a queued resource (`gcloud compute tpus queued-resources create`), polls
-`describe` until its state is ACTIVE, installs dart-jax on every worker (`gcloud compute tpus
-tpu-vm ssh NAME --worker=all --command ...`), copies the resolved run config to every worker
-(`tpu-vm scp --worker=all`), starts the same program on every host (`dart-jax train run.yaml`,
-detached, output in train.log) and follows worker 0's log until interrupted; the job keeps
-running. Every host runs the same program: on Cloud TPU `jax.distributed.initialize()` finds
+`submit` builds a wheel of this checkout and writes the run config, the lock and the install
+and launch scripts beside it (dart_jax.run.launchers.remote); looks the queued resource up
+(one SUSPENDED by a preemption, or FAILED, is deleted and created again; an existing one is
+reused) and creates it (`gcloud compute tpus queued-resources create`), polls `describe` until
+ACTIVE, copies those files to every worker (`tpu-vm scp --worker=all`), installs (`tpu-vm ssh
+--worker=all --command ...`: uv, its Python, the wheel), starts the same program on every host
+(`dart-jax train run.yaml`, detached, output in train.log; a trainer started before is stopped
+first, and the new one resumes from the run's last checkpoint) and follows worker 0's log
+until interrupted; the job keeps running. On Cloud TPU `jax.distributed.initialize()` finds
 the coordinator and the process ids in the TPU metadata, so no address travels.
 
 Commands are argument lists (never shell strings pasted together); the remote command of
@@ -31,11 +35,21 @@ from typing import Literal
 
 from dart_jax.capacity.chips import parse_accelerator_type
 from dart_jax.config import ConfigError, UsageError
+from dart_jax.run.launchers import remote
 from dart_jax.run.launchers.config import TPUConfig
 
-REMOTE_CONFIG = "run.yaml"  # the resolved run config, in tpu.workdir on every worker
-REMOTE_LOG = "train.log"  # the trainer's stdout and stderr, beside it
 FAILED_STATES = ("FAILED", "SUSPENDING", "SUSPENDED")
+REPLACED_STATES = ("FAILED", "SUSPENDED")  # submit deletes these and creates the slice again
+# what `status` adds to a state (the queued resource states of the Cloud TPU API)
+STATE_NOTES = {
+    None: "no such queued resource: `dart-jax tpu submit` creates it",
+    "ACTIVE": "the slice is up: `dart-jax tpu submit` installs and launches again on it (the trainer resumes)",
+    "SUSPENDED": "preempted or stopped: `dart-jax tpu submit` deletes it and creates it again (the trainer "
+                 "resumes from its last checkpoint)",
+    "FAILED": "it could not be provisioned: `dart-jax tpu submit` deletes it and creates it again",
+    "SUSPENDING": "being preempted: wait until SUSPENDED, then `dart-jax tpu submit`",
+    "DELETING": "being deleted: `dart-jax tpu submit` once it is gone",
+}
 AUTH_ARGV = ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)")
 # GA `queued-resources create` takes --spot and --reserved; --best-effort is alpha only.
 PROVISIONING_FLAGS = {"on-demand": (), "spot": ("--spot",), "reserved": ("--reserved",),
@@ -103,61 +117,73 @@ def ssh_argv(t: TPUConfig, command: str, worker: str = "all") -> list[str]:
     return argv + (["--internal-ip"] if t.internal_ips else [])
 
 
-def scp_argv(t: TPUConfig, local: Path, remote: str) -> list[str]:
-    argv = ["gcloud", "compute", "tpus", "tpu-vm", "scp", str(local), f"{t.name}:{remote}", *_where(t),
+def scp_argv(t: TPUConfig, local: Sequence[Path], dest: str) -> list[str]:
+    argv = ["gcloud", "compute", "tpus", "tpu-vm", "scp", *map(str, local), f"{t.name}:{dest}", *_where(t),
             "--worker=all"]
     return argv + (["--internal-ip"] if t.internal_ips else [])
 
 
-def install_command(t: TPUConfig) -> str:
-    """Runs in the workdir, so relative paths in install_command and the run config agree."""
-    return f"mkdir -p {shlex.quote(t.workdir)} && cd {shlex.quote(t.workdir)} && {t.install_command}"
-
-
-def launch_command(t: TPUConfig) -> str:
-    """Detached (setsid nohup, no terminal) so the job outlives the ssh session."""
-    return (f"cd {shlex.quote(t.workdir)} && setsid nohup {t.launch_command} {REMOTE_CONFIG} "
-            f"> {REMOTE_LOG} 2>&1 < /dev/null &")
+def remote_command(t: TPUConfig, script: str, *args: str) -> str:
+    """`bash WORKDIR/SCRIPT ARGS`: the script cds into its own directory."""
+    return shlex.join(["bash", f"{t.workdir}/{script}", *args])
 
 
 def logs_command(t: TPUConfig) -> str:
-    return f"tail -n +1 -F {shlex.quote(f'{t.workdir}/{REMOTE_LOG}')}"
+    return f"tail -n +1 -F {shlex.quote(f'{t.workdir}/{remote.LOG}')}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One command of a sequence: `poll` repeats it until ACTIVE, `follow` streams until ^C."""
+    """One command of a sequence: `poll` repeats it until ACTIVE, `follow` streams until ^C,
+    `ship` builds the wheel here and writes what travels beside it."""
     note: str
     argv: tuple[str, ...]
-    kind: Literal["run", "poll", "follow"] = "run"
+    kind: Literal["run", "poll", "follow", "ship"] = "run"
 
 
-def submit_steps(t: TPUConfig, local_config: Path) -> list[Step]:
-    remote = f"{t.workdir}/{REMOTE_CONFIG}"
-    return [Step(f"create the queued resource ({t.accelerator_type}, {t.provisioning})", tuple(create_argv(t))),
-            Step(f"every {t.poll_s:g} s until ACTIVE (at most {t.active_timeout_s:g} s)",
-                 tuple(describe_argv(t, state_only=True)), "poll"),
-            Step("install dart-jax on every worker", tuple(ssh_argv(t, install_command(t)))),
-            Step(f"copy the resolved run config (written to {local_config}) to every worker",
-                 tuple(scp_argv(t, local_config, remote))),
-            Step("start the trainer on every host (the same program everywhere)",
-                 tuple(ssh_argv(t, launch_command(t)))),
-            Step("follow worker 0's log (^C stops following, not the job)",
-                 tuple(ssh_argv(t, logs_command(t), worker="0")), "follow")]
+def submit_steps(t: TPUConfig, ship_dir: Path, state: str | None = None) -> list[Step]:
+    """Every command of `submit`, given the queued resource's present `state` (None: absent):
+    SUSPENDED (a preempted spot slice) or FAILED is deleted and created again; one that exists
+    otherwise is reused, and the job is installed and launched on it again (it resumes)."""
+    wheel = remote.wheel_name()
+    files = [ship_dir / n for n in (wheel, remote.LOCK, remote.INSTALL, remote.LAUNCH, remote.CONFIG)]
+    steps = [Step(f"build the wheel of this checkout into {ship_dir}, beside the lock, the run config and "
+                  "the install and launch scripts", tuple(remote.wheel_argv(ship_dir)), "ship")]
+    if state in REPLACED_STATES:
+        steps.append(Step(f"the queued resource is {state}: delete it, then create it again", tuple(delete_argv(t))))
+    if state is None or state in REPLACED_STATES:
+        steps.append(Step(f"create the queued resource ({t.accelerator_type}, {t.provisioning})",
+                          tuple(create_argv(t))))
+    return steps + [
+        Step(f"every {t.poll_s:g} s until ACTIVE (at most {t.active_timeout_s:g} s)",
+             tuple(describe_argv(t, state_only=True)), "poll"),
+        Step("make the work directory on every worker", tuple(ssh_argv(t, shlex.join(["mkdir", "-p", t.workdir])))),
+        Step("copy the wheel, the lock, the scripts and the run config to every worker",
+             tuple(scp_argv(t, files, f"{t.workdir}/"))),
+        Step(f"install on every worker (uv, Python {t.python}, the wheel with [{t.extras}]"
+             f"{', the shared root' if t.shared_root.kind != 'none' else ''})",
+             tuple(ssh_argv(t, remote_command(t, remote.INSTALL)))),
+        Step("start the trainer on every host (the same program everywhere; a trainer this script "
+             "started before is stopped first)", tuple(ssh_argv(t, remote_command(t, remote.LAUNCH, "start")))),
+        Step("follow worker 0's log (^C stops following, not the job)",
+             tuple(ssh_argv(t, logs_command(t), worker="0")), "follow")]
 
 
-def render_steps(steps: Sequence[Step]) -> str:
-    return "\n".join(f"# {i}. {s.note}\n{shlex.join(s.argv)}" for i, s in enumerate(steps, 1))
+def render_steps(steps: Sequence[Step], header: str = "") -> str:
+    body = "\n".join(f"# {i}. {s.note}\n{shlex.join(s.argv)}" for i, s in enumerate(steps, 1))
+    return f"# {header}\n{body}" if header else body
 
 
-def steps_for(action: str, t: TPUConfig, local_config: Path) -> list[Step]:
+def steps_for(action: str, t: TPUConfig, ship_dir: Path, state: str | None = None) -> list[Step]:
     if action == "submit":
-        return submit_steps(t, local_config)
+        return submit_steps(t, ship_dir, state)
     if action == "status":
         return [Step("the queued resource, its state and its node", tuple(describe_argv(t)))]
     if action == "logs":
         return [Step("follow worker 0's log (^C stops following, not the job)",
                      tuple(ssh_argv(t, logs_command(t), worker="0")), "follow")]
+    if action == "stop":
+        return [Step("stop the trainer on every host", tuple(ssh_argv(t, remote_command(t, remote.LAUNCH, "stop"))))]
     if action == "delete":
         return [Step("delete the TPU VMs and the queued resource", tuple(delete_argv(t)))]
     raise ValueError(f"unknown tpu action {action!r}")
@@ -207,9 +233,19 @@ def wait_active(t: TPUConfig, argv: Sequence[str], env: Env) -> None:
         env.sleep(t.poll_s)
 
 
-def run_step(step: Step, t: TPUConfig, env: Env) -> None:
+def describe_state(t: TPUConfig, env: Env) -> str | None:
+    """The queued resource's state, or None when gcloud finds none."""
+    got = env.runner(describe_argv(t, state_only=True), True)
+    return got.stdout.strip() or None if got.returncode == 0 else None
+
+
+def run_step(step: Step, t: TPUConfig, env: Env, config_yaml: str = "") -> None:
     if step.kind == "poll":
         return wait_active(t, step.argv, env)
+    if step.kind == "ship":
+        ship_dir = Path(step.argv[step.argv.index("--wheel-dir") + 1])
+        remote.ship(t, ship_dir, config_yaml, lambda argv: env.runner(argv, False).returncode)
+        return None
     try:
         rc = env.runner(step.argv, False).returncode
     except KeyboardInterrupt:
@@ -233,18 +269,38 @@ def require(t: TPUConfig, source: str) -> None:
         raise ConfigError(source, "tpu.accelerator_type", str(e)) from None
 
 
+def ship_dir(cfg) -> Path:
+    """Where submit writes what travels, on the machine it runs on (run.root may be a mount
+    this machine lacks): .dart-jax/tpu/<run name> in the current directory."""
+    return Path(".dart-jax") / "tpu" / cfg.run.name
+
+
 def main(action: str, cfg, source: str, config_yaml: str, *, dry_run: bool = False, env: Env = Env()) -> int:
-    """Run (or with `dry_run`, print) `action`'s commands for the run config `cfg`."""
+    """Run (or with `dry_run`, print) `action`'s commands for the run config `cfg`. A dry run
+    of submit or status asks gcloud (read-only) for the queued resource's state when gcloud is
+    there and signed in, and otherwise shows the commands for a slice that does not exist."""
     require(cfg.tpu, source)
-    local_config = Path(cfg.run.root) / cfg.run.name / "tpu" / REMOTE_CONFIG
-    steps = steps_for(action, cfg.tpu, local_config)
+    state, known = None, False
+    if action in ("submit", "status"):
+        try:
+            check_gcloud(env)
+            state, known = describe_state(cfg.tpu, env), True
+        except GcloudUnavailable:
+            if not dry_run:
+                raise
+    elif not dry_run:
+        check_gcloud(env)
+    steps = steps_for(action, cfg.tpu, ship_dir(cfg), state)
+    header = f"queued resource {cfg.tpu.queued_resource_id}: {state or 'none'}" + \
+        ("" if known else " (gcloud unavailable: assumed)") if action in ("submit", "status") else ""
     if dry_run:
-        env.echo(render_steps(steps))
+        env.echo(render_steps(steps, header))
         return 0
-    check_gcloud(env)
-    if action == "submit":
-        local_config.parent.mkdir(parents=True, exist_ok=True)
-        local_config.write_text(config_yaml)
+    if action == "status":
+        env.echo(f"queued resource {cfg.tpu.queued_resource_id}: {state or 'none'}: "
+                 f"{STATE_NOTES.get(state, 'in progress: `dart-jax tpu submit` waits until it is ACTIVE')}")
+        if state is None:
+            return 0
     for step in steps:
-        run_step(step, cfg.tpu, env)
+        run_step(step, cfg.tpu, env, config_yaml)
     return 0
