@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +99,7 @@ def sweep(config: Path, root: Path, run_seeds: Sequence[int], extra: Sequence[st
     rows = []
     for i, seed in enumerate(run_seeds):
         name = f"sweep-{i}-seed{seed}"
+        print(f"run {i + 1} of {len(run_seeds)}: {name} under {root}", file=sys.stderr, flush=True)
         summary, wall_s = runner(config, root, name, seed, extra)
         r = row(name, seed, summary, low_after_sft(root / name, db_path, summary["heldout_success_sft"]), wall_s, bar)
         print(json.dumps({"sweep_run": dataclasses.asdict(r)}), flush=True)
