@@ -101,17 +101,25 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
     assert twice.fns.compiles["score"] >= 1  # old logprobs came from the no-grad pass
 
 
-def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs):
+@pytest.mark.parametrize("scope", ["batch", "balanced"])
+def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs, scope):
+    """batch: the top half of the 8 steps; balanced: the top half of each task's successes'
+    steps and of its failures' (2 of each: one each), each group's signed weights still
+    summing to zero (adv/net 0)."""
     col = collator(tiny_dir, 4)
     rl = layout_inline(group_trajs, col)
-    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5)), tiny_dir,
+    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope=scope)), tiny_dir,
                  make_mesh(1, 1, 1))
     m = jax.device_get(tr.update_rl(rl, col))
-    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4  # top half of 8 steps
+    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4
     assert float(m["select/kept_frac"]) == 0.5
     kept, threshold, dropped = (float(m[f"select/{k}"]) for k in ("entropy_kept", "threshold",
                                                                       "entropy_dropped"))
-    assert kept >= threshold >= dropped
+    assert kept >= threshold
+    if scope == "batch":
+        assert threshold >= dropped
+    else:
+        assert abs(float(m["adv/net"])) < 1e-6
 
 
 def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, group_trajs):
