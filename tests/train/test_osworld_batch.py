@@ -125,7 +125,7 @@ def test_an_osworld_sized_batch_flows_from_the_data_manager_into_a_train_step(os
     metrics = trainer.update_rl(rl, col)
     source.close()
 
-    shown = {rl.screens.refs(r.traj)[0].sha256 for rows in rl.plan for row in rows for r in row}
+    shown = {rl.screens.refs(r.traj)[0].sha256 for rows in rl.layout for row in rows for r in row}
     assert len(shown) == 3  # one shown twice: fetched and decoded once
     assert sorted(sha for a in asked for sha in a) == sorted(shown)
     assert int(metrics["batch/steps"]) == 4 and int(metrics["batch/screens_decoded"]) == 3
