@@ -44,7 +44,7 @@ def render(run_dir: Path, slots: Sequence[str] = (), records: RunRecords | None 
     out = Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock.of(records)
-    return [_save(success_figure(records, clock), out / "success.png"),
+    return [_save(success_figure(records), out / "success.png"),
             _save(timeline_figure(records, clock, slots), out / "timeline.png"),
             _save(staleness_figure(records, clock), out / "staleness.png")]
 
@@ -62,8 +62,13 @@ class Clock:
     unit: str
 
     @classmethod
-    def of(cls, records: RunRecords) -> "Clock":
-        window = extent(records) or Window(0.0, 1.0)
+    def of(cls, records: RunRecords, evals: bool = False) -> "Clock":
+        """From the first stamp to the last; `evals`: the evaluations' stamps too (the one
+        after RL ends after the run's last rollout: a window without it cuts its point off)."""
+        stamps = [e.time for e in records.evals] if evals else []
+        if (recorded := extent(records)) is not None:
+            stamps += [recorded.start, recorded.end]
+        window = Window(min(stamps), max(max(stamps), min(stamps) + 1.0)) if stamps else Window(0.0, 1.0)
         return cls(window, 60.0, "min") if window.seconds > 180 else cls(window, 1.0, "s")
 
     def x(self, t: float) -> float:
@@ -91,7 +96,10 @@ def rolling_success(trajs: Sequence[TrajectoryTiming]) -> tuple[list[float], lis
     return [runs[e - 1].created_at for e in ends], [sum(wins[max(0, e - k):e]) / min(k, e) for e in ends], k
 
 
-def success_figure(records: RunRecords, clock: Clock) -> Figure:
+def success_figure(records: RunRecords) -> Figure:
+    """Train rollouts' rolling success, every held-out evaluation (the one after RL too: the
+    time axis runs to the last evaluation) and the policy versions published."""
+    clock = Clock.of(records, evals=True)
     fig = Figure(figsize=(WIDTH_IN, 4.5), layout="constrained")
     ax = fig.add_subplot()
     times, rates, k = rolling_success(records.trajectories)
@@ -102,7 +110,8 @@ def success_figure(records: RunRecords, clock: Clock) -> Figure:
     _versions(ax, records, clock)
     if not times and not records.evals:
         _empty(ax, "no rollouts of train tasks and no evaluations yet")
-    ax.set(xlim=(0, clock.x(clock.window.end)), ylim=(-0.02, 1.02), xlabel=clock.label(),
+    end = clock.x(clock.window.end)  # a margin: the last evaluation sits at the window's end
+    ax.set(xlim=(0, 1.03 * end), ylim=(-0.02, 1.02), xlabel=clock.label(),
            ylabel="task success rate", title="Task success")
     ax.grid(alpha=0.3)
     handles = [h for a in fig.axes for h in a.get_legend_handles_labels()[0]]

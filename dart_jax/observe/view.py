@@ -24,6 +24,7 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from dart_jax.observe.learning import WINDOW, Collapse, first_collapse, success_curve
 from dart_jax.observe.records import RunRecords, TrajectoryTiming
 from dart_jax.observe.utilization import Window, extent, measure, staleness_counts, staleness_mean
 from dart_jax.wire.messages import DataStats, EnvStats
@@ -47,6 +48,7 @@ class Snapshot:
     rollout: float | None
     trainer: float | None
     window_s: float  # shorter than asked in a run younger than that
+    collapse: Collapse | None = None  # train rollouts' success fell below half of its best (learning.py)
 
 
 STALENESS_BATCHES = 8
@@ -72,7 +74,7 @@ def snapshot(records: RunRecords, stats: DataStats | None = None, envs: Sequence
         staleness_mean=staleness_mean(counts) if counts else None, staleness_max=max(counts, default=None),
         env=env_busy(envs) if any(e.slots for e in envs) else (u.env if u else None),
         rollout=u.rollout if u else None, trainer=u.trainer if u else None,
-        window_s=u.window.seconds if u else window_s)
+        window_s=u.window.seconds if u else window_s, collapse=first_collapse(success_curve(records.trajectories)))
 
 
 def recent_rollouts(records: RunRecords, n: int) -> list[TrajectoryTiming]:
@@ -195,7 +197,7 @@ class LiveView:
                 f"reward {_num(snap.mean_reward)} (last {snap.recent}) | unused {_num(snap.unused)} "
                 f"batches {snap.batches} staleness {_num(snap.staleness_mean)}/{_num(snap.staleness_max)} | "
                 f"busy {snap.window_s:.0f}s: env {_pct(snap.env)} rollout {_pct(snap.rollout)} "
-                f"trainer {_pct(snap.trainer)}")
+                f"trainer {_pct(snap.trainer)}" + (f" | {collapse_text(snap.collapse)}" if snap.collapse else ""))
 
     def render(self, snap: Snapshot) -> RenderableType:
         """The panel: progress with ETA, then one labelled row per concern."""
@@ -226,7 +228,12 @@ class LiveView:
                           f"(last {STALENESS_BATCHES} batches)"),
             ("busy", f"env slots {_pct(snap.env)}   rollout {_pct(snap.rollout)}   trainer {_pct(snap.trainer)}   "
                      f"(last {snap.window_s:.0f} s)"),
-        ]
+        ] + ([("collapse", collapse_text(snap.collapse))] if snap.collapse else [])
+
+
+def collapse_text(c: Collapse) -> str:
+    return (f"COLLAPSED at {_version(c.version)}: success {_pct(c.success)} of the last {WINDOW} train rollouts, "
+            f"under half of its best {_pct(c.best)} ({_version(c.best_version)})")
 
 
 def _version(v: int) -> str:

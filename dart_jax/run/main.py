@@ -28,7 +28,9 @@ from dart_jax.config import ConfigError, dump, load
 from dart_jax.config.schema import RunConfig
 from dart_jax.data.tasks import suite_tasks, write_task_file
 from dart_jax.eval.stats import load_outcomes, paired_gain
+from dart_jax.observe.learning import first_collapse, success_curve
 from dart_jax.observe.live import Watcher
+from dart_jax.observe.records import RunReader
 from dart_jax.run import demos
 from dart_jax.run.supervisor import RunFailed, Supervisor
 from dart_jax.rundir import MetricsWriter, RunDir
@@ -121,7 +123,21 @@ def rl_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path, view) -
                     "rl_out_of_time": "train/out_of_time" in records[-1],
                     "rl_export": str(export), "checkpoints": str(run.checkpoints),
                     "restarts": {k: v for k, v in sup.restarts().items() if v},
-                    "rl_s": round(time.monotonic() - start, 1)}
+                    "rl_s": round(time.monotonic() - start, 1)} | rollout_learning(cfg, run)
+
+
+def rollout_learning(cfg: RunConfig, run: RunDir) -> dict:
+    """The train rollouts' success (observe/learning.py): its best and last window, and
+    whether it collapsed (fell below half of its best) at which policy version."""
+    reader = RunReader(run.root, cfg.data.store.db_path)
+    try:
+        curve = success_curve(reader.refresh().trajectories)
+    finally:
+        reader.close()
+    collapse = first_collapse(curve)
+    return {"rl_collapsed": collapse is not None, "rl_collapsed_version": None if collapse is None else collapse.version,
+            "rl_rollout_success_best": max((p.success for p in curve), default=None),
+            "rl_rollout_success_last": curve[-1].success if curve else None}
 
 
 def gain(run: RunDir, labels: list[str]) -> dict:

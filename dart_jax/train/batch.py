@@ -166,6 +166,7 @@ class RLBatch:
     reward_N: np.ndarray  # float32: every kept step of the batch, in layout order
     group_N: np.ndarray  # int32: its task id within the batch (= group_BxP's numbering)
     traj_N: np.ndarray  # int32: its trajectory id within the batch (= traj_BxP's numbering)
+    injected_N: np.ndarray  # bool: its trajectory came from the experience pool (`injected`)
     dropped: int  # steps too large for every bucket
     shard: tuple[int, int]
 

@@ -44,6 +44,18 @@ class LossConfig:
     # "step": group statistics over steps (DART: long trajectories weigh more);
     # "trajectory": over trajectories, and each trajectory's steps share one unit of weight.
     advantage_normalize: Literal["step", "trajectory"] = "step"
+    # the policy the PPO clip (and dual clip) measure the ratio against: "trainer", the
+    # trainer's log-probs before this batch's first update (DART; with one update per batch
+    # the ratio is 1 and no clip ever acts); "behaviour", the log-probs the rollout engine
+    # sampled with, so a token whose probability already moved past the clip since it was
+    # sampled (one version or more ago) is pushed no further. The gradient's importance
+    # weight stays TIS's either way (losses.clipped_policy_loss). Demonstrations, which have
+    # no sampler log-probs, are clipped against the trainer's. Token-level dual clip only.
+    clip_to: Literal["trainer", "behaviour"] = "trainer"
+
+    def __post_init__(self) -> None:
+        if self.clip_to == "behaviour" and self.policy.type != "dual_clip":
+            raise ValueError(f"loss.clip_to behaviour needs the token-level dual clip, not {self.policy.type}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +68,12 @@ class TISConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SelectionConfig:
-    """Keep the top `fraction` of steps by mean token entropy."""
+    """Keep the top `fraction` of steps by mean token entropy (train/selection.py): over the
+    whole batch ("batch"), or per GRPO group and advantage sign with each one's weight
+    restored, so a group's signed weights still sum to zero ("balanced")."""
     enabled: bool = True
     fraction: float = bounded(0.8, gt=0.0, le=1.0)
+    scope: Literal["batch", "balanced"] = "balanced"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,9 @@
     scores   = the no-grad pass over each: old log-probs,      (step.TrainFunctions.score)
                step entropies, reference log-probs
     adv_N    = each step's reward normalized over its group    (advantages.grpo_step_advantages)
-    weight_N = its loss weight: trajectory normalization, and  (selection.top_entropy_steps)
-               0 for the steps entropy selection drops
+    weight_N = its loss weight: trajectory normalization, and  (selection.select_steps)
+               0 for the steps entropy selection drops (the kept
+               ones rescaled so each group stays sign-balanced)
     rows     = adv_N and weight_N at each microbatch's step slots, beside its scores
 
 Advantages and selection need every step of the batch (group statistics, a global top
@@ -29,7 +30,7 @@ from dart_jax.train.batch import ROWS, RLBatch, TrainBatch, to_global
 from dart_jax.train.collate import Collator, rl_microbatches
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.screens import ScreenCache
-from dart_jax.train.selection import top_entropy_steps
+from dart_jax.train.selection import select_steps
 from dart_jax.train.step import RowTargets, Scores, TrainFunctions, needs_old_logp
 
 
@@ -55,7 +56,7 @@ def prepare_rl(fns: TrainFunctions, params, ref_params, batch: RLBatch, collator
     micro = [to_global(mb, fns.mesh) for mb in rl_microbatches(batch, collator, cache)]
     scores = [score_microbatch(fns, cfg, params, ref_params, mb) for mb in micro]
     entropy_N = step_entropies(batch, scores) if cfg.selection.enabled else None
-    targets = step_targets(cfg, batch.reward_N, batch.group_N, batch.traj_N, entropy_N)
+    targets = step_targets(cfg, batch.reward_N, batch.group_N, batch.traj_N, entropy_N, batch.injected_N)
     rows = [row_targets(fns.mesh, targets, batch.slot_steps(m), s) for m, s in enumerate(scores)]
     metrics = {k: np.float32(v) for k, v in targets.metrics.items()}
     metrics |= {"batch/steps": np.int32(len(batch.reward_N)), "batch/micro": np.int32(len(micro)),
@@ -89,25 +90,27 @@ def step_entropies(batch: RLBatch, scores: list[Scores]) -> np.ndarray:
     return entropy
 
 
-def step_targets(cfg: TrainerConfig, reward_N: np.ndarray, group_N: np.ndarray,
-                 traj_N: np.ndarray, entropy_N: np.ndarray | None) -> StepTargets:
+def step_targets(cfg: TrainerConfig, reward_N: np.ndarray, group_N: np.ndarray, traj_N: np.ndarray,
+                 entropy_N: np.ndarray | None, injected_N: np.ndarray | None = None) -> StepTargets:
     """Advantages and weights of the N steps of one batch (entropy_N: step mean entropies,
-    needed when selection is enabled)."""
+    needed when selection is enabled; injected_N: steps of pool successes, never dropped)."""
     n = len(reward_N)
     if cfg.selection.enabled and entropy_N is None:
         raise ValueError("entropy selection needs the steps' entropies")
     size = max(8, 1 << (n - 1).bit_length())
     pad = lambda x, dt: np.pad(np.asarray(x, dt), (0, size - n))  # noqa: E731
     ent = pad(np.zeros(n) if entropy_N is None else entropy_N, np.float32)
+    protect = pad(np.zeros(n) if injected_N is None else injected_N, np.float32)
     adv, weight, metrics = _targets(
         pad(reward_N, np.float32), pad(group_N, np.int32), pad(traj_N, np.int32),
-        pad(np.ones(n), np.float32), ent, normalize=cfg.loss.advantage_normalize,
-        eps=cfg.loss.advantage_eps, fraction=cfg.selection.fraction if cfg.selection.enabled else 0.0)
+        pad(np.ones(n), np.float32), ent, protect, normalize=cfg.loss.advantage_normalize,
+        eps=cfg.loss.advantage_eps, fraction=cfg.selection.fraction if cfg.selection.enabled else 0.0,
+        scope=cfg.selection.scope)
     return StepTargets(np.asarray(adv)[:n], np.asarray(weight)[:n], {k: float(v) for k, v in metrics.items()})
 
 
-@functools.partial(jax.jit, static_argnames=("normalize", "eps", "fraction"))
-def _targets(reward_S, group_S, traj_S, valid_S, entropy_S, *, normalize, eps, fraction):
+@functools.partial(jax.jit, static_argnames=("normalize", "eps", "fraction", "scope"))
+def _targets(reward_S, group_S, traj_S, valid_S, entropy_S, protect_S, *, normalize, eps, fraction, scope):
     S = reward_S.shape[0]
     adv = grpo_step_advantages(reward_S, group_S, traj_S, valid_S, num_groups=S, num_trajs=S,
                                normalize=normalize, eps=eps)
@@ -115,9 +118,12 @@ def _targets(reward_S, group_S, traj_S, valid_S, entropy_S, *, normalize, eps, f
               else valid_S)
     metrics = {"adv/mean_abs": jnp.sum(jnp.abs(adv)) / jnp.maximum(valid_S.sum(), 1)}
     if fraction > 0:
-        keep, sel = top_entropy_steps(entropy_S, valid_S, fraction)
-        weight = weight * keep
+        weight, sel = select_steps(entropy_S, adv, weight, group_S, valid_S, protect_S, fraction=fraction,
+                                   scope=scope, num_groups=S)
         metrics |= sel
+    # sum w A / sum w |A|: 0 when each group's signed weights cancel; < 0 pushes every token
+    # the batch's responses share (the action format) down
+    metrics["adv/net"] = jnp.sum(weight * adv) / jnp.maximum(jnp.sum(weight * jnp.abs(adv)), 1e-30)
     return adv, weight, metrics
 
 

@@ -131,7 +131,9 @@ def layout_rl_batch(batch: CuratedBatch, collator: Collator, screens: ScreenSour
         injected=tuple(batch.injected), layout=layout, buckets=tuple(global_bucket(collator, m) for m in layout),
         reward_N=np.asarray([trajs[r.traj].reward for r in refs], np.float32),
         group_N=np.asarray([groups[trajs[r.traj].task_id] for r in refs], np.int32),
-        traj_N=np.asarray([r.traj for r in refs], np.int32), dropped=dropped, shard=shard)
+        traj_N=np.asarray([r.traj for r in refs], np.int32),
+        injected_N=np.asarray([trajs[r.traj].traj_id in batch.injected for r in refs], np.bool_),
+        dropped=dropped, shard=shard)
 
 
 class NoBatchWithin(TimeoutError):

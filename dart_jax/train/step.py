@@ -130,7 +130,8 @@ def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTarge
     sampled = mask * ~_steps(mb.is_demo_BxP)[:, None]  # demonstrations have no sampler logprobs
     w_tis = tis_weights(old, rollout, sampled, cap=cfg.tis.cap, level=cfg.tis.level)
     tis = jnp.where(sampled > 0, w_tis, 1.0) if cfg.tis.enabled else jnp.ones_like(mask)
-    terms = RLTerms(old, rows.adv_N, mask, rows.weight_N, tis, rows.scores.logp_ref_NxT)
+    clip_to = jnp.where(sampled > 0, rollout, old) if cfg.loss.clip_to == "behaviour" else None
+    terms = RLTerms(old, rows.adv_N, mask, rows.weight_N, tis, rows.scores.logp_ref_NxT, clip_to)
     loss, metrics = losses.rl_objective(logp, ent, terms, cfg.loss, UNIT)
     mismatch = mismatch_sums(old, rollout, sampled, w_tis, cfg.tis.cap)
     tis_sums = {f"tis_sum/{k}": v for k, v in mismatch.items()}

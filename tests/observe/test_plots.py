@@ -82,3 +82,22 @@ def test_rolling_success_over_train_rollouts():
     assert times == [4.0, 5.0, 6.0, 7.0]
     assert rates == [pytest.approx(x) for x in (3 / 5, 3 / 5, 3 / 5, 4 / 5)]
     assert plots.rolling_success(trajs[:3]) == ([2.0], [pytest.approx(1 / 3)], 5)  # fewer than k: all of them
+
+
+def test_the_success_plot_shows_the_evaluation_after_rl_beside_the_one_before():
+    """The evaluation after RL ends after the run's last rollout: the plot's time axis runs to
+    it, so both held-out points are drawn inside the axes."""
+    from dart_jax.observe.records import EvalResult, RunRecords
+    trajs = tuple(traj(reset=(i, i + 0.5), steps=[((i + 0.5, i + 1), (i + 1, i + 1.5))], status="success",
+                       created=i + 2) for i in range(0, 100, 10))
+    evals = (EvalResult("sft", "sampled", 5.0, 0.44, 140, (0.36, 0.52)),
+             EvalResult("rl", "sampled", 170.0, 0.80, 140, (0.73, 0.86)))
+    records = RunRecords(trajectories=trajs, evals=evals)
+    assert plots.Clock.of(records).window.end < 170.0  # the records alone end before it
+    clock = plots.Clock.of(records, evals=True)
+    ax = plots.success_figure(records).axes[0]
+    (points,) = [c for c in ax.containers]  # the sampled evaluations' error bars
+    xs, ys = points.lines[0].get_data()
+    assert list(ys) == [0.44, 0.80]
+    lo, hi = ax.get_xlim()
+    assert all(lo <= x < hi for x in xs) and xs[1] == pytest.approx(clock.x(170.0))

@@ -1,12 +1,14 @@
 """The live view: snapshots from records and the data manager's and env servers' stats,
 rendered on a recording console, live on a terminal and as lines elsewhere."""
 
+import dataclasses
 import io
 
 import pytest
 from rich.console import Console
 
-from dart_jax.observe.records import BatchRecord, RunReader, RunRecords, WorkerSync
+from dart_jax.observe.learning import Collapse
+from dart_jax.observe.records import BatchRecord, RunReader, RunRecords, StepTiming, WorkerSync
 from dart_jax.observe.view import LiveView, Rate, Snapshot, snapshot
 from dart_jax.wire.messages import DataStats, EnvSlotStats, EnvStats, TaskStats
 from tests.observe.builders import rnd, traj
@@ -151,3 +153,24 @@ def test_snapshot_of_the_recorded_run_reads_as_a_run(recorded):
     assert all(0 <= v <= s.policy_version for v in s.worker_versions.values())
     assert all(0 < x < 1 for x in (s.env, s.rollout, s.trainer))
     assert 0 <= s.success <= 1 and s.recent == 64
+
+
+def test_a_collapse_of_the_training_rollouts_shows_in_the_line_and_the_panel():
+    """256 successes at versions 0-3, then failures from version 4: the window of the last 256
+    falls below half (0.5) at the 129th failure, a rollout of version 6."""
+    trajs = tuple(dataclasses.replace(traj(status="success" if i < 256 else "failure", created=float(i)),
+                                      steps=(StepTiming(policy_version=i // 64),)) for i in range(400))
+    steady = snapshot(RunRecords(trajectories=trajs[:300]), now=400.0, num_slots=2)
+    assert steady.collapse is None
+    fallen = snapshot(RunRecords(trajectories=trajs), now=400.0, num_slots=2)
+    assert fallen.collapse == Collapse(version=6, success=127 / 256, best=1.0, best_version=3)
+    out = io.StringIO()
+    with LiveView(100, console=Console(file=out, width=400)) as view:
+        view.update(fallen)
+    want = "COLLAPSED at v6: success 50% of the last 256 train rollouts, under half of its best 100% (v3)"
+    assert out.getvalue().rstrip().endswith("| " + want)
+    console = Console(record=True, width=140)
+    console.print(view.render(fallen))
+    text = console.export_text()
+    assert "collapse" in text and want in text
+    assert "COLLAPSED" not in view.line(steady)

@@ -1,5 +1,7 @@
 """The train step on the tiny policy: sharding, accumulation, old logprobs, SFT."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from dart_jax.models.sharding import make_mesh
 from dart_jax.train.batch import TrainBatch
 from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig, TISConfig,
                                    TrainerConfig)
+from dart_jax.train import step
 from dart_jax.train.prepare import prepare_rl, prepare_sft
 from dart_jax.train.optimizer import schedule_of
 from dart_jax.train.step import RowTargets, Scores, TrainFunctions, token_scores
@@ -98,17 +101,25 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
     assert twice.fns.compiles["score"] >= 1  # old logprobs came from the no-grad pass
 
 
-def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs):
+@pytest.mark.parametrize("scope", ["batch", "balanced"])
+def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs, scope):
+    """batch: the top half of the 8 steps; balanced: the top half of each task's successes'
+    steps and of its failures' (2 of each: one each), each group's signed weights still
+    summing to zero (adv/net 0)."""
     col = collator(tiny_dir, 4)
     rl = layout_inline(group_trajs, col)
-    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5)), tiny_dir,
+    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope=scope)), tiny_dir,
                  make_mesh(1, 1, 1))
     m = jax.device_get(tr.update_rl(rl, col))
-    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4  # top half of 8 steps
+    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4
     assert float(m["select/kept_frac"]) == 0.5
     kept, threshold, dropped = (float(m[f"select/{k}"]) for k in ("entropy_kept", "threshold",
                                                                       "entropy_dropped"))
-    assert kept >= threshold >= dropped
+    assert kept >= threshold
+    if scope == "batch":
+        assert threshold >= dropped
+    else:
+        assert abs(float(m["adv/net"])) < 1e-6
 
 
 def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, group_trajs):
@@ -232,3 +243,60 @@ def test_an_rl_update_favours_the_successes_over_the_failures(tiny_dir, group_tr
     for group in np.unique(rl.group_N):
         won, lost = (delta[(rl.group_N == group) & (rl.reward_N == r)].mean() for r in (1.0, 0.0))
         assert won > lost, (group, won, lost)
+
+
+@pytest.fixture(scope="module")
+def clip_batch(tiny_dir, group_trajs):
+    """One micro-batch of both tasks' steps, its row targets, the trainer and its log-probs."""
+    cfg = _rl_cfg(loss=LossConfig(kl_coef=0.0, aggregation="seq_mean_token_mean"), tis=TISConfig(enabled=False))
+    col = collator(tiny_dir, 8)
+    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
+    prepared = prepare_rl(tr.fns, tr.state.params, tr.ref_params, layout_inline(group_trajs, col), col, cfg)
+    assert len(prepared.micro) == 1
+    mb, rows = prepared.micro[0], prepared.rows[0]
+    logp, _ = token_scores(tr.fns.graphdef, tr.state.params, mb, cfg)
+    return cfg, tr, mb, rows, np.asarray(logp)
+
+
+def _clip_case(clip_batch, clip_to: str, up: float, down: float):
+    """step.rl_loss at the trainer's parameters on the batch with its sampler log-probs set so
+    that each token's ratio pi_now / pi_behaviour is `up` where A > 0 and `down` where A < 0
+    (the policy moved since it sampled them); returns (loss sums with UNIT denominators and
+    the token count, gradient, advantages, weights)."""
+    cfg, tr, mb, rows, logp = clip_batch
+    cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, clip_to=clip_to))
+    adv = np.asarray(rows.adv_N)
+    shift = np.where(adv > 0, np.log(up), np.log(down))[:, None]  # log pi_now - log pi_behaviour
+    mask = np.asarray(mb.loss_mask_BxPxT)
+    behaviour = (logp - shift).reshape(mask.shape) * mask
+    mb = dataclasses.replace(mb, rollout_logp_BxPxT=behaviour.astype(np.float32))
+    grad_fn = jax.grad(lambda p: step.rl_loss(tr.fns.graphdef, cfg, p, mb, rows), has_aux=True)
+    grads, (sums, _, counts) = grad_fn(tr.state.params)
+    sums = {k: float(v) for k, v in jax.device_get(sums).items()} | {"tokens": float(counts.tokens)}
+    return sums, jax.device_get(grads), adv, np.asarray(rows.weight_N)
+
+
+def test_the_clip_acts_when_the_behaviour_policy_differs(clip_batch):
+    """clip_to behaviour: every token's ratio to the policy that sampled it is past the clip
+    (1.5 > 1 + 0.28 with A > 0, 1 / 1.2 < 1 - 0.1 with A < 0): every token counts as clipped,
+    the policy gradient is exactly zero, and each token's loss is the clipped value scaled to
+    the trainer's ratio (r = 1): -1.28 A / 1.5 where A > 0, 0.9 |A| * 1.2 where A < 0."""
+    sums, grads, adv, w = _clip_case(clip_batch, "behaviour", 1.5, 1 / 1.2)
+    want = np.sum(w * np.where(adv > 0, -1.28 * adv / 1.5, 0.9 * 1.2 * np.abs(adv)))  # per-step token means
+    np.testing.assert_allclose(sums["loss/policy"], want, rtol=1e-5)
+    assert sums["tokens"] > 0 and sums["loss/clip_frac"] == sums["tokens"]
+    assert all(float(np.max(np.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
+
+
+def test_inside_the_behaviour_clip_the_gradient_is_the_trainers(clip_batch):
+    """Ratios 1.1 and 1 / 1.05 to the behaviour policy are inside the clip: nothing is clipped,
+    and loss and gradient are those of the trainer's own ratio (-sum w A; the same gradient
+    as clip_to trainer, which never clips with one update per batch, whatever the sampler)."""
+    inside, g_inside, adv, w = _clip_case(clip_batch, "behaviour", 1.1, 1 / 1.05)
+    trainer, g_trainer, _, _ = _clip_case(clip_batch, "trainer", 1.5, 1 / 1.2)
+    assert inside["loss/clip_frac"] == 0.0 and trainer["loss/clip_frac"] == 0.0
+    assert trainer["loss/ratio"] == trainer["tokens"]  # against itself: exactly 1
+    for sums in (inside, trainer):
+        np.testing.assert_allclose(sums["loss/policy"], -np.sum(w * adv), atol=1e-5)
+    assert max(float(np.max(np.abs(g))) for g in jax.tree.leaves(g_trainer)) > 0
+    _assert_close(g_inside, g_trainer, atol=1e-6)
