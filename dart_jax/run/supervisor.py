@@ -13,7 +13,8 @@ dart_jax.run.launchers.ray; `tpu`, the trainer on a Cloud TPU slice, watched thr
 heartbeats to the data manager: dart_jax.run.launchers.slice). An env server a launcher placed on a node of its choosing and
 bound to 0.0.0.0 is pinged, and reached by rollout workers, at that node's address.
 Watching: processes are polled, servers (data manager, env servers) are pinged every
-`run.heartbeat_s` and one that misses three pings in a row is killed. A dead instance is
+`run.heartbeat_s` and one that misses three pings in a row is killed (one that has not
+answered since it started is given `run.ready_timeout_s` first). A dead instance is
 started again after a backoff (1, 2, 4 .. 30 s), from its durable state (a trainer resumes
 from its last checkpoint, a data manager reopens its store); one that dies more than
 `max_restarts` times stops the run with one message naming it and its log; one that exits
@@ -59,6 +60,8 @@ class Member:
     cluster_restarts: int = 0  # the cluster's (Ray) of processes this member has replaced
     restart_at: float = 0.0
     misses: int = 0
+    started_at: float = 0.0
+    answered: bool = False  # since its last start: until then a missed ping is a slow start, not a hang
     done: bool = False
 
 
@@ -148,7 +151,7 @@ class Supervisor:
     def _launch(self, member: Member) -> None:
         member.process = self.launcher(member.spec.launcher).start(member.instance, member.spec, member.index)
         member.host = member.process.host() if hasattr(member.process, "host") else None
-        member.misses = 0
+        member.misses, member.answered, member.started_at = 0, False, time.monotonic()
         log.info("started %s (%s)", member.instance.name, member.spec.launcher)
 
     def _wait_ready(self, member: Member) -> None:
@@ -160,6 +163,7 @@ class Supervisor:
                                     f"(see {member.instance.log})")
                 try:
                     client.request(Ping())
+                    member.answered = True
                     return
                 except (WireTimeout, RemoteError):
                     continue
@@ -198,8 +202,14 @@ class Supervisor:
             timeout_s = min(2.0, self.cfg.run.heartbeat_s)
             with Client(dataclasses.replace(_reachable(member.ping, member.host), timeout_s=timeout_s)) as client:
                 client.request(Ping())
-            member.misses = 0
+            member.misses, member.answered = 0, True
         except (WireTimeout, RemoteError):
+            if not member.answered:  # still starting (imports, a store's recovery): bounded by ready_timeout_s
+                if time.monotonic() - member.started_at > self.cfg.run.ready_timeout_s:
+                    log.warning("%s did not answer within %.0f s of its start: killing it",
+                                member.instance.name, self.cfg.run.ready_timeout_s)
+                    member.process.kill()
+                return
             member.misses += 1
             if member.misses >= MISSES:
                 log.warning("%s missed %d heartbeats: killing it", member.instance.name, MISSES)

@@ -95,6 +95,27 @@ def test_a_server_that_stops_answering_is_killed(tmp_path, monkeypatch):
     assert member.process.killed
 
 
+def test_a_restarted_server_is_given_its_start_up_time_before_missed_pings_count(tmp_path, monkeypatch):
+    wire = WireConfig(endpoint=f"ipc://{tmp_path}/dm.sock")
+    server = Server(wire, lambda m: Pong(role="x", pid=0, uptime_s=0.0), role="data-manager").start()
+    cfg = dataclasses.replace(_cfg(tmp_path, "data-manager"), data=dataclasses.replace(RunConfig().data, wire=wire))
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, ready_timeout_s=60.0))
+    sup = _supervisor(tmp_path, cfg, {"data-manager": [[None], [None]]}, monkeypatch)
+    sup.start({"data-manager"})
+    server.stop()
+    now = [1000.0]
+    monkeypatch.setattr(sup_lib.time, "monotonic", lambda: now[0])
+    member = sup.members[0]
+    sup._launch(member)  # as after a death: starting, not answering yet (imports, the store's recovery)
+    for _ in range(2 * sup_lib.MISSES):
+        now[0] += 5.0
+        sup.poll()
+    assert not member.process.killed and member.misses == 0
+    now[0] += 60.0  # past run.ready_timeout_s without one answer
+    sup.poll()
+    assert member.process.killed
+
+
 def test_instances_get_their_own_endpoints_and_ids():
     cfg = RunConfig(run=RunSection(placement=(RoleSpec("env-server", count=3), RoleSpec("rollout", count=2))))
     envs = instance_configs(cfg, "env-server", 3)
