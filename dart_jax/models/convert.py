@@ -2,8 +2,8 @@
 
 Names are those of the original Qwen2.5-VL / UI-TARS checkpoints on the Hub, which vLLM and
 transformers both load: `model.embed_tokens.weight`, `model.layers.N...`, `model.norm.weight`,
-`visual.blocks.N...`, `visual.merger.mlp.0...`, `lm_head.weight`. `canonical_hf_name` also
-accepts the transformers-5 `save_pretrained` names (`model.language_model.*`, `model.visual.*`).
+`visual.blocks.N...`, `visual.merger.mlp.0...`, `lm_head.weight` (`wire.weights.canonical_hf_name`
+maps the transformers-5 `save_pretrained` names, `model.language_model.*` and `model.visual.*`, to them).
 
 Layouts: a Flax kernel is [in, out], torch Linear.weight [out, in]; the patch embedding is a
 Linear kernel [C*t*p*p, D] here and a Conv3d weight [D, C, t, p, p] in torch. Decoder layers
@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from dart_jax.models.config import Qwen25VLConfig
 
@@ -67,15 +70,6 @@ def hf_name_of(path: Path, layer: int | None = None) -> str:
     return ".".join(parts).replace(".mlp_0.", ".mlp.0.").replace(".mlp_2.", ".mlp.2.")
 
 
-def canonical_hf_name(name: str) -> str:
-    """Original-checkpoint name for a name written by either naming scheme."""
-    if name.startswith("model.language_model."):
-        return "model." + name[len("model.language_model.") :]
-    if name.startswith("model.visual."):
-        return name[len("model.") :]
-    return name
-
-
 def param_specs(abstract_state) -> list[ParamSpec]:
     """One spec per HF tensor of an (abstract) nnx State: state order, stacks layer by layer."""
     specs, rank = [], {}
@@ -109,6 +103,65 @@ def specs_for(abstract_state, config: Qwen25VLConfig) -> list[ParamSpec]:
     return with_conv_shape(param_specs(abstract_state), config)
 
 
+# ---- the conversion, on the devices that hold the parameters -----------------------------
+
+def to_hf_device(state, config: Qwen25VLConfig, dtype=None,
+                 reuse: dict[str, jax.Array] | None = None) -> Iterator[tuple[ParamSpec, jax.Array]]:
+    """(spec, the tensor in HF layout and `dtype` (None: its own)) for every parameter, in
+    checkpoint order, still on the devices. Each device converts its own shard inside jit
+    (a transpose and a cast; the output sharding is the input's with its axes permuted, so
+    nothing crosses between devices or hosts) before anything reaches a host. `reuse`
+    (hf_name -> an earlier result, donated) gives the outputs their buffers: memory already
+    touched instead of fresh pages. Each tensor is dispatched asynchronously as the
+    iterator reaches it: `list(...)` queues them all, and early ones can be read while
+    later ones still convert."""
+    flat = dict(nnx.to_flat_state(state))
+    for spec in specs_for(state, config):
+        x = flat[spec.path].get_value()
+        target = np.dtype(x.dtype if dtype is None else dtype).name
+        prev = None if reuse is None else reuse.pop(spec.hf_name, None)
+        donate = prev is not None and prev.dtype.name == target
+        fn = _converter(spec.kind, spec.hf_shape, target, _hf_sharding(x, spec), spec.layer is not None, donate)
+        args = (x,) if spec.layer is None else (x, np.int32(spec.layer))
+        yield spec, fn(*args, prev) if donate else fn(*args)
+
+
+def _hf_sharding(x: jax.Array, spec: ParamSpec):
+    """The output sharding that keeps every element on the device that holds it."""
+    sharding = x.sharding
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    axes = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+    if spec.layer is not None:  # the layer axis ("layers") is never sharded
+        axes = axes[1:]
+    if spec.kind == "linear":
+        axes = axes[::-1]
+    elif spec.kind == "conv3d":  # [C*t*p*p, D] -> [D, C, t, p, p]; the patch axis is never sharded
+        axes = (axes[1],) + (None,) * (len(spec.hf_shape) - 1)
+    return NamedSharding(sharding.mesh, PartitionSpec(*axes))
+
+
+@functools.lru_cache(maxsize=None)
+def _converter(kind: str, hf_shape: tuple[int, ...], dtype: str, out_sharding, stacked: bool, donate: bool):
+    """One compiled conversion per parameter shape (the layer is an argument, not a constant)."""
+    def convert(x, *layer):
+        if stacked:
+            x = jax.lax.dynamic_index_in_dim(x, layer[0], keepdims=False)
+        if kind == "linear":
+            x = x.T
+        elif kind == "conv3d":
+            x = x.T.reshape(hf_shape)
+        return x.astype(dtype)
+
+    if not donate:
+        return jax.jit(convert, out_shardings=out_sharding)
+
+    def into(*args):  # written over the donated array, so XLA aliases the output to its buffer
+        *args, prev = args
+        return jax.lax.dynamic_update_slice(prev, convert(*args), (0,) * prev.ndim)
+    return jax.jit(into, out_shardings=out_sharding, donate_argnums=2 if stacked else 1)
+
+
 def _host_array(x) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
@@ -118,12 +171,11 @@ def _host_array(x) -> np.ndarray:
 
 
 def hf_tensors(state, config: Qwen25VLConfig, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
-    """(hf_name, torch-layout array) for every parameter, one tensor on the host at a time."""
-    flat = dict(nnx.to_flat_state(state))
-    for spec in specs_for(state, config):
-        x = flat[spec.path].get_value()
-        x = spec.to_hf(_host_array(x if spec.layer is None else x[spec.layer]))
-        yield spec.hf_name, x if dtype is None else x.astype(dtype)
+    """(hf_name, torch-layout array) for every parameter, whole, one tensor on the host at a
+    time: the device conversion, then each tensor gathered (a collective on a multi-host
+    mesh: every process walks this; the export, once per run)."""
+    for spec, x in to_hf_device(state, config, dtype):
+        yield spec.hf_name, _host_array(x)
 
 
 def hf_buckets(state, config: Qwen25VLConfig, bucket_bytes: int = 256 << 20, dtype=None) -> Iterator[list[tuple[str, np.ndarray]]]:

@@ -3,126 +3,279 @@
     publisher = WeightPublisher(cfg.weights, model_config, state_file=run.root / "weights.json")
     version = publisher.publish(trainer.state.params)   # version = number of publishes
 
-Each publish converts the parameters with the function the Hugging Face export uses
-(`convert.hf_buckets`: HF names, torch layout, the rollout engine's dtype), packs them into
-CRC-guarded buckets, serves them (WeightPull -> WeightBucket, WeightLatest -> the newest
-WeightAnnounce) and announces the version on PUB, repeating the newest announcement every
-`reannounce_s` so late subscribers and workers that were down catch up. The newest
-`keep_versions` versions are served, so a worker in the middle of a pull finishes it.
+Every host of the trainer runs `publish`. Each converts its own shards on its devices
+(`convert.to_hf_device`: HF layout, the rollout engine's dtype, no communication), copies
+the blocks it owns to host memory and serves them from its own bucket server, so no host
+receives a byte it does not serve and the fan-out is spread over every host. Process 0
+announces the version the moment its conversion is queued (every host can lay the
+version out from shapes and shardings alone); buckets fill while later tensors still
+convert, and a pull of a bucket not yet filled waits for it. Each bucket reply carries an
+xxh3-64 checksum of its pieces. Buffers are reused: the version that leaves the served
+window donates its device arrays to the next conversion (on CPU those are the served host
+bytes themselves).
 
 Versions only grow, across restarts too: `state_file` records the last one published, and
 a resumed trainer publishes its restored weights under a new number (workers may hold a
-version published after the checkpoint it resumed from).
-
-Multi-host: every process runs `publish` (the conversion gathers each sharded tensor with
-a collective, one tensor at a time, so no host holds more than one bucket beyond its own
-shards); only process 0 packs, serves and announces. Cost: each parameter crosses the
-network once per publish, to process 0, plus the workers' pulls from process 0.
+version published after the checkpoint it resumed from). The newest `keep_versions`
+versions are served, so a worker in the middle of a pull finishes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
+import socket
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 import jax
-import ml_dtypes
 import numpy as np
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import hf_buckets
+from dart_jax.models.convert import ParamSpec, to_hf_device
 from dart_jax.wire import Server
-from dart_jax.wire.messages import (Error, Message, WeightAnnounce, WeightBucket, WeightLatest,
-                                    WeightPull)
+from dart_jax.wire.config import WeightSyncConfig
+from dart_jax.wire.messages import (Error, Message, PieceInfo, TensorInfo, WeightAnnounce, WeightBucket,
+                                    WeightBucketInfo, WeightLatest, WeightPull)
 from dart_jax.wire.pubsub import Publisher
-from dart_jax.wire.weights import WeightSyncConfig, pack_bucket
+from dart_jax.wire.weights import ITEMSIZE, checksum, pack_buckets, split_block
 
 log = logging.getLogger(__name__)
-_NUMPY = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-          "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalPiece:
+    """Where a piece's bytes lie on this host: a byte range of one device's shard."""
+    tensor: int
+    device: jax.Device
+    offset: int
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A version's tensors and buckets (every host's) and this host's pieces per bucket.
+    A pure function of shapes, shardings and the bucket size: every host computes the same."""
+    tensors: list[TensorInfo]
+    buckets: list[WeightBucketInfo]
+    local: dict[int, list[LocalPiece]]  # bucket index -> its pieces, for the buckets this host serves
+
+
+def plan(converted: list[tuple[ParamSpec, jax.Array]], dtype: str, bucket_bytes: int, processes: int,
+         process: int) -> Layout:
+    """Each distinct block of each tensor is served by one device holding it (replicated
+    blocks rotate among their holders, tensor by tensor), cut into rows that fit a bucket."""
+    tensors = [TensorInfo(name=spec.hf_name, dtype=dtype, shape=list(x.shape)) for spec, x in converted]
+    host_pieces: list[list[PieceInfo]] = [[] for _ in range(processes)]
+    where: dict[int, LocalPiece] = {}
+    size = ITEMSIZE[dtype]
+    for t, (_, x) in enumerate(converted):
+        for device, start, shape in _owned_blocks(x, t):
+            for s, sh in split_block(start, shape, size, bucket_bytes):
+                piece = PieceInfo(tensor=t, start=list(s), shape=list(sh))
+                host_pieces[device.process_index].append(piece)
+                offset = int(np.ravel_multi_index(np.subtract(s, start), shape)) if shape else 0
+                where[id(piece)] = LocalPiece(t, device, offset * size, math.prod(sh) * size)
+    buckets = pack_buckets(host_pieces, tensors, bucket_bytes)
+    local = {b.index: [where[id(p)] for p in b.pieces] for b in buckets if b.host == process}
+    return Layout(tensors, buckets, local)
+
+
+def _owned_blocks(x: jax.Array, rotation: int) -> list[tuple[jax.Device, tuple[int, ...], tuple[int, ...]]]:
+    holders: dict[tuple, list[jax.Device]] = {}
+    for device, index in x.sharding.devices_indices_map(x.shape).items():
+        holders.setdefault(tuple(s.indices(n)[:2] for s, n in zip(index, x.shape)), []).append(device)
+    return [(devices[rotation % len(devices)], tuple(a for a, _ in block), tuple(b - a for a, b in block))
+            for block, devices in holders.items()]
+
+
+@dataclasses.dataclass
+class Bucket:
+    """One served bucket of this host: its frames, filled as the conversion proceeds."""
+    frames: list[np.ndarray]
+    ready: threading.Event
+    checksum: int = 0
+
+
+@dataclasses.dataclass
+class Served:
+    announce: WeightAnnounce
+    buckets: dict[int, Bucket]
+    arrays: dict[str, jax.Array]  # the converted tensors, donated to a later version's conversion
 
 
 class WeightPublisher:
-    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *,
-                 state_file: Path | None = None, serve: bool | None = None):
+    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *, state_file: Path | None = None):
         self.cfg, self.model_config, self.state_file = cfg, model_config, state_file
-        self.serving = jax.process_index() == 0 if serve is None else serve
-        self.version = _read_version(state_file) if self.serving else 0
-        if jax.process_count() > 1:  # process 0's record holds (other hosts may not see the file)
+        self.process, self.processes = jax.process_index(), jax.process_count()
+        self.lead = self.process == 0
+        self.version = _read_version(state_file) if self.lead else 0
+        if self.processes > 1:  # process 0's record holds (other hosts may not see the file)
             from jax.experimental import multihost_utils
             self.version = int(multihost_utils.broadcast_one_to_all(np.int64(self.version)))
-        self._versions: OrderedDict[int, tuple[WeightAnnounce, list[np.ndarray]]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._versions: OrderedDict[int, Served] = OrderedDict()
+        self._changed = threading.Condition()
+        self._layouts: dict[tuple, Layout] = {}
         self._stop = threading.Event()
-        self.server = self.pub = None
-        if self.serving:
-            self.server = Server(cfg.serve, self.handle, role="weights").start()
+        self.bytes_served = 0
+        self.stages: dict[str, float] = {}  # the last publish's seconds by stage
+        self.server = Server(cfg.host_serve(self.process), self.handle, role="weights", workers=cfg.serve_threads,
+                             io_threads=cfg.io_threads, info=self.info).start()
+        self.hosts = _exchange(self._advertised(), self.processes)
+        self.pub = None
+        if self.lead:
             self.pub = Publisher(cfg.announce)
             self._repeater = threading.Thread(target=self._reannounce, name="weights-announce", daemon=True)
             self._repeater.start()
 
+    def _advertised(self) -> str:
+        if not self.cfg.advertise:
+            return self.server.endpoint
+        return self.cfg.advertise.format(host=socket.getfqdn(), process=self.process)
+
+    # -- publishing
     def publish(self, params) -> int:
-        """Convert, pack, serve and announce `params` as the next version; returns it."""
-        start = time.monotonic()
+        """Convert, announce, fill and serve `params` as the next version; returns it."""
+        start = time.perf_counter()
         version = self.version + 1
-        infos, datas = [], []
-        bucket_bytes = self.cfg.bucket_mb * 2**20
-        for i, bucket in enumerate(hf_buckets(params, self.model_config, bucket_bytes, _NUMPY[self.cfg.dtype])):
-            if self.serving:
-                info, data = pack_bucket(i, bucket, self.cfg.dtype)
-                infos.append(info)
-                datas.append(data)
-        self.version = version
-        if self.serving:
-            ann = WeightAnnounce(version=version, buckets=infos, total_bytes=sum(i.nbytes for i in infos),
-                                 published_at=time.time())
-            with self._lock:
-                self._versions[version] = (ann, datas)
-                while len(self._versions) > self.cfg.keep_versions:
-                    self._versions.popitem(last=False)
+        reuse = self._retire()
+        converted = list(to_hf_device(params, self.model_config, self.cfg.dtype, reuse))
+        queued = time.perf_counter()
+        layout = self._layout(converted)
+        ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
+                             total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
+        served = Served(ann, {i: Bucket([], threading.Event()) for i in layout.local},
+                        {spec.hf_name: x for spec, x in converted})
+        with self._changed:
+            self._versions[version] = served
+            self._changed.notify_all()
+            if self.pub is not None:
                 self.pub.send(ann)
+        announced = time.perf_counter()
+        copy_s, sum_s = self._fill(served, converted, layout)
+        self.version = version
+        if self.lead:
             _write_version(self.state_file, version)
-            log.info("published version %d: %d buckets, %.1f MB in %.2f s", version, len(infos),
-                     ann.total_bytes / 1e6, time.monotonic() - start)
+        end = time.perf_counter()
+        local = sum(b.nbytes for b in layout.buckets if b.host == self.process)
+        self.stages = {"queue_s": queued - start, "layout_s": announced - queued, "host_copy_s": copy_s,
+                       "checksum_s": sum_s, "fill_s": end - announced, "publish_s": end - start,
+                       "host_bytes": local, "bytes": ann.total_bytes}
+        log.info("published version %d: %d buckets, %.1f MB (%.1f MB here) in %.2f s", version, len(layout.buckets),
+                 ann.total_bytes / 1e6, local / 1e6, end - start)
         return version
 
+    def _retire(self) -> dict[str, jax.Array] | None:
+        """Stop serving the versions beyond the window; the last one's arrays, to reuse."""
+        reuse = None
+        with self._changed:
+            while len(self._versions) >= self.cfg.keep_versions:
+                reuse = self._versions.popitem(last=False)[1].arrays
+        return reuse
+
+    def _layout(self, converted) -> Layout:
+        key = tuple((spec.hf_name, x.shape, x.sharding) for spec, x in converted)
+        if key not in self._layouts:
+            self._layouts = {key: plan(converted, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
+                                       self.processes, self.process)}
+        return self._layouts[key]
+
+    def _fill(self, served: Served, converted, layout: Layout) -> tuple[float, float]:
+        """This host's blocks to host memory and into its buckets, in tensor order; each
+        bucket is served the moment its last piece is in. Returns the seconds spent
+        waiting for host copies (the conversion included) and checksumming."""
+        t = time.perf_counter()
+        owned = {(p.tensor, p.device) for pieces in layout.local.values() for p in pieces}
+        for tensor, device in sorted(owned, key=lambda k: k[0]):  # start every device-to-host copy at once
+            _shard(converted[tensor][1], device).copy_to_host_async()
+        hosted: dict[tuple[int, jax.Device], np.ndarray] = {}
+        copy_s, sum_s = time.perf_counter() - t, 0.0
+        for index in sorted(layout.local, key=lambda i: layout.local[i][0].tensor):
+            bucket = served.buckets[index]
+            for p in layout.local[index]:
+                key = (p.tensor, p.device)
+                if key not in hosted:
+                    t = time.perf_counter()
+                    hosted[key] = np.asarray(_shard(converted[p.tensor][1], p.device)).reshape(-1).view(np.uint8)
+                    copy_s += time.perf_counter() - t
+                bucket.frames.append(hosted[key][p.offset:p.offset + p.nbytes])
+            t = time.perf_counter()
+            bucket.checksum = checksum(bucket.frames)
+            sum_s += time.perf_counter() - t
+            bucket.ready.set()
+        return copy_s, sum_s
+
+    # -- serving
     def handle(self, msg: Message) -> Message:
-        with self._lock:
-            if isinstance(msg, WeightLatest):
+        if isinstance(msg, WeightLatest):
+            with self._changed:
                 if not self._versions:
                     return Error(code="not_found", message="no version published yet")
-                return next(reversed(self._versions.values()))[0]
-            if isinstance(msg, WeightPull):
-                return self._bucket(msg)
+                return next(reversed(self._versions.values())).announce
+        if isinstance(msg, WeightPull):
+            return self._bucket(msg)
         return Error(code="bad_request", message=f"the weight publisher does not serve {type(msg).__name__}")
 
     def _bucket(self, msg: WeightPull) -> Message:
-        served = self._versions.get(msg.version)
+        served = self._served(msg.version)
         if served is None:
             newest = next(reversed(self._versions), None)
             return Error(code="not_found", message=f"version {msg.version} is not served (newest: {newest})")
-        ann, datas = served
-        if not 0 <= msg.bucket < len(datas):
-            return Error(code="not_found", message=f"version {msg.version} has buckets 0..{len(datas) - 1}")
-        return WeightBucket(version=msg.version, bucket=msg.bucket, data=datas[msg.bucket])
+        bucket = served.buckets.get(msg.bucket)
+        if bucket is None:
+            n = len(served.announce.buckets)
+            return Error(code="not_found", message=f"bucket {msg.bucket} of version {msg.version} is not served "
+                                                   f"here (host {self.process}; the version has {n} buckets)")
+        if not bucket.ready.wait(self.cfg.serve.timeout_s):
+            return Error(code="unavailable", message=f"version {msg.version} bucket {msg.bucket} is not filled yet")
+        with self._changed:
+            self.bytes_served += sum(f.nbytes for f in bucket.frames)
+        return WeightBucket(version=msg.version, bucket=msg.bucket, checksum=bucket.checksum, pieces=bucket.frames)
+
+    def _served(self, version: int) -> Served | None:
+        """The version, waiting for it while this host has yet to start it (process 0 may
+        announce it before every host has queued its conversion)."""
+        deadline = time.monotonic() + self.cfg.serve.timeout_s
+        with self._changed:
+            while version == self.version + 1 and version not in self._versions:
+                if not self._changed.wait(max(0.0, deadline - time.monotonic())):
+                    break
+            return self._versions.get(version)
+
+    def info(self) -> dict:
+        return {"process": self.process, "version": self.version, "bytes_served": self.bytes_served}
 
     def _reannounce(self) -> None:
         while not self._stop.wait(self.cfg.reannounce_s):
-            with self._lock:
+            with self._changed:
                 if self._versions:
-                    self.pub.send(next(reversed(self._versions.values()))[0])
+                    self.pub.send(next(reversed(self._versions.values())).announce)
 
     def close(self) -> None:
         self._stop.set()
-        if self.serving:
+        if self.pub is not None:
             self._repeater.join()
-            self.server.stop()
             self.pub.close()
+        self.server.stop()
+
+
+def _shard(x: jax.Array, device: jax.Device) -> jax.Array:
+    return next(s.data for s in x.addressable_shards if s.device == device)
+
+
+def _exchange(endpoint: str, processes: int) -> list[str]:
+    """Every host's bucket-server endpoint, on every host (a few hundred bytes, once)."""
+    if processes == 1:
+        return [endpoint]
+    from jax.experimental import multihost_utils
+    raw = np.zeros(512, np.uint8)
+    raw[:len(endpoint)] = np.frombuffer(endpoint.encode(), np.uint8)
+    return [bytes(row).rstrip(b"\0").decode() for row in np.asarray(multihost_utils.process_allgather(raw))]
 
 
 def _read_version(path: Path | None) -> int:

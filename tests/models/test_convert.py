@@ -5,8 +5,9 @@ import pytest
 from flax import nnx
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import canonical_hf_name, hf_buckets, hf_tensors, specs_for
+from dart_jax.models.convert import hf_buckets, hf_tensors, specs_for
 from dart_jax.models.qwen25vl import abstract_model, create_model
+from dart_jax.wire.weights import canonical_hf_name
 from tests.models import hf_reference as R
 
 

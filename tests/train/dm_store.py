@@ -19,7 +19,7 @@ from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfi
 from dart_jax.train.main import TrainRunConfig
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import Step, SubmitTrajectory, Trajectory
-from dart_jax.wire.weights import WeightSyncConfig
+from dart_jax.wire.config import WeightSyncConfig
 
 TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
 
