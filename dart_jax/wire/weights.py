@@ -262,7 +262,8 @@ class Puller:
         self._items: queue.Queue = queue.Queue(maxsize=2 * depth * len(ann.hosts))
         self._ctx = zmq.Context()
         self._todo = [iter([b for b in ann.buckets if b.host == h]) for h in range(len(ann.hosts))]
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the lanes' next bucket
+        self._stopping = threading.Lock()  # one thread at a time closes the context
         self._lanes = [threading.Thread(target=self._lane, args=(h,), name=f"pull-v{ann.version}-h{h}", daemon=True)
                        for h in range(len(ann.hosts)) for _ in range(depth)]
 
@@ -331,10 +332,11 @@ class Puller:
                 continue
 
     def stop(self) -> None:
-        """End every lane (each within a poll interval) and wait for them."""
+        """End every lane (each within a poll interval) and wait for them; any thread may call it."""
         self.cancel.set()
-        for lane in self._lanes:
-            if lane.is_alive():
-                lane.join()
-        if not self._ctx.closed:
-            self._ctx.term()
+        with self._stopping:
+            for lane in self._lanes:
+                if lane.is_alive():
+                    lane.join()
+            if not self._ctx.closed:
+                self._ctx.term()
