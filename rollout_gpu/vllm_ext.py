@@ -232,10 +232,12 @@ class WeightSyncExtension:
         _notify(notify, job["version"])
 
     def dart_update_status(self) -> dict:
+        """The pull's state, and how many pull threads run in this process (0 once stopped)."""
+        threads = sum(t.name.startswith(("dart-pull-", "pull-v")) for t in threading.enumerate())
         job = getattr(self, "_dart", None)
         if job is None:
-            return {"state": "idle", "version": -1, "error": ""}
-        return {k: job[k] for k in ("state", "version", "error", "mode", "started", "ready_at")}
+            return {"state": "idle", "version": -1, "error": "", "threads": threads}
+        return {k: job[k] for k in ("state", "version", "error", "mode", "started", "ready_at")} | {"threads": threads}
 
     def dart_commit_update(self) -> dict:
         """Make the pulled version live (the engine is paused); returns the load time. An

@@ -33,7 +33,7 @@ import zmq
 from dart_jax.wire.codec import MAX_FRAMES
 from dart_jax.wire.config import WireConfig, check_endpoint
 from dart_jax.wire.messages import PieceInfo, TensorInfo, WeightAnnounce, WeightBucket, WeightBucketInfo, WeightPull
-from dart_jax.wire.transport import Cancelled, Client
+from dart_jax.wire.transport import Cancelled, Client, WireTimeout
 
 log = logging.getLogger(__name__)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -256,6 +256,7 @@ class Puller:
         for endpoint in ann.hosts:  # an announcement may not send a worker anywhere its config forbids
             check_endpoint(endpoint, wire.allow_remote)
         self.ann, self.wire = ann, wire
+        self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.assembler = Assembler(ann, buffers)
         self.cancel = threading.Event() if cancel is None else cancel
@@ -307,10 +308,16 @@ class Puller:
             with Client(wire, ctx=self._ctx) as client:
                 while (info := self._next(host)) is not None:
                     left = self.deadline - time.monotonic()
-                    if left <= 0:
-                        raise WeightTransferError(f"version {self.ann.version}: not pulled within the pull timeout")
-                    reply = client.request(WeightPull(version=self.ann.version, bucket=info.index),
-                                           min(wire.timeout_s, left), cancel=self.cancel)
+                    try:
+                        if left <= 0:
+                            raise WireTimeout("no time left")
+                        reply = client.request(WeightPull(version=self.ann.version, bucket=info.index),
+                                               min(wire.timeout_s, left), cancel=self.cancel)
+                    except WireTimeout:
+                        if time.monotonic() < self.deadline:
+                            raise  # the host did not answer within serve.timeout_s
+                        raise WeightTransferError(f"version {self.ann.version}: not pulled within the pull "
+                                                  f"timeout ({self.timeout_s:g} s)") from None
                     if not isinstance(reply, WeightBucket):
                         raise WeightTransferError(f"a WeightPull answered with {type(reply).__name__}")
                     self._put((info, check_bucket(info, reply, self.ann)))
