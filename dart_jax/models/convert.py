@@ -126,6 +126,18 @@ def to_hf_device(state, config: Qwen25VLConfig, dtype=None,
         yield spec, fn(*args, prev) if donate else fn(*args)
 
 
+def hf_device_shapes(state, config: Qwen25VLConfig, dtype=None) -> list[tuple[ParamSpec, jax.ShapeDtypeStruct]]:
+    """What `to_hf_device` will return (shape, dtype, sharding per tensor), without
+    converting anything: enough to lay a version out before it exists."""
+    flat = dict(nnx.to_flat_state(state))
+    out = []
+    for spec in specs_for(state, config):
+        x = flat[spec.path].get_value()
+        out.append((spec, jax.ShapeDtypeStruct(spec.hf_shape, np.dtype(x.dtype if dtype is None else dtype),
+                                               sharding=_hf_sharding(x, spec))))
+    return out
+
+
 def _hf_sharding(x: jax.Array, spec: ParamSpec):
     """The output sharding that keeps every element on the device that holds it."""
     sharding = x.sharding

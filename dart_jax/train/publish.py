@@ -7,12 +7,13 @@ Every host of the trainer runs `publish`. Each converts its own shards on its de
 (`convert.to_hf_device`: HF layout, the rollout engine's dtype, no communication), copies
 the blocks it owns to host memory and serves them from its own bucket server, so no host
 receives a byte it does not serve and the fan-out is spread over every host. Process 0
-announces the version the moment its conversion is queued (every host can lay the
-version out from shapes and shardings alone); buckets fill while later tensors still
-convert, and a pull of a bucket not yet filled waits for it. Each bucket reply carries an
-xxh3-64 checksum of its pieces. Buffers are reused: the version that leaves the served
-window donates its device arrays to the next conversion (on CPU those are the served host
-bytes themselves).
+announces the version before anything is converted (every host lays the version out from
+shapes and shardings alone); tensors are converted in checkpoint order a few ahead of the
+bucket being filled, each bucket is served the moment its pieces are in, and a pull of a
+bucket not yet filled waits for it, so the transfer runs while later tensors still
+convert. Each bucket reply carries an xxh3-64 checksum of its pieces. Buffers are reused:
+the version that leaves the served window donates its device arrays to the next
+conversion (on CPU those are the served host bytes themselves).
 
 Versions only grow, across restarts too: `state_file` records the last one published, and
 a resumed trainer publishes its restored weights under a new number (workers may hold a
@@ -23,6 +24,7 @@ versions are served, so a worker in the middle of a pull finishes it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -37,7 +39,7 @@ import jax
 import numpy as np
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import ParamSpec, to_hf_device
+from dart_jax.models.convert import ParamSpec, hf_device_shapes, to_hf_device
 from dart_jax.wire import Server
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import (Error, Message, PieceInfo, TensorInfo, WeightAnnounce, WeightBucket,
@@ -46,6 +48,7 @@ from dart_jax.wire.pubsub import Publisher
 from dart_jax.wire.weights import ITEMSIZE, checksum, pack_buckets, split_block
 
 log = logging.getLogger(__name__)
+LOOKAHEAD = 8  # tensors converted (device-to-host copies started) ahead of the bucket being filled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +69,7 @@ class Layout:
     local: dict[int, list[LocalPiece]]  # bucket index -> its pieces, for the buckets this host serves
 
 
-def plan(converted: list[tuple[ParamSpec, jax.Array]], dtype: str, bucket_bytes: int, processes: int,
+def plan(converted: list[tuple[ParamSpec, jax.ShapeDtypeStruct]], dtype: str, bucket_bytes: int, processes: int,
          process: int) -> Layout:
     """Each distinct block of each tensor is served by one device holding it (replicated
     blocks rotate among their holders, tensor by tensor), cut into rows that fit a bucket."""
@@ -86,7 +89,7 @@ def plan(converted: list[tuple[ParamSpec, jax.Array]], dtype: str, bucket_bytes:
     return Layout(tensors, buckets, local)
 
 
-def _owned_blocks(x: jax.Array, rotation: int) -> list[tuple[jax.Device, tuple[int, ...], tuple[int, ...]]]:
+def _owned_blocks(x: jax.ShapeDtypeStruct, rotation: int) -> list[tuple[jax.Device, tuple[int, ...], tuple[int, ...]]]:
     holders: dict[tuple, list[jax.Device]] = {}
     for device, index in x.sharding.devices_indices_map(x.shape).items():
         holders.setdefault(tuple(s.indices(n)[:2] for s, n in zip(index, x.shape)), []).append(device)
@@ -140,31 +143,27 @@ class WeightPublisher:
 
     # -- publishing
     def publish(self, params) -> int:
-        """Convert, announce, fill and serve `params` as the next version; returns it."""
+        """Announce, convert, fill and serve `params` as the next version; returns it."""
         start = time.perf_counter()
         version = self.version + 1
-        reuse = self._retire()
-        converted = list(to_hf_device(params, self.model_config, self.cfg.dtype, reuse))
-        queued = time.perf_counter()
-        layout = self._layout(converted)
+        layout = self._layout(hf_device_shapes(params, self.model_config, self.cfg.dtype))
         ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
                              total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
-        served = Served(ann, {i: Bucket([], threading.Event()) for i in layout.local},
-                        {spec.hf_name: x for spec, x in converted})
+        reuse = self._retire()
+        served = Served(ann, {i: Bucket([], threading.Event()) for i in layout.local}, {})
         with self._changed:
             self._versions[version] = served
             self._changed.notify_all()
             if self.pub is not None:
                 self.pub.send(ann)
         announced = time.perf_counter()
-        copy_s, sum_s = self._fill(served, converted, layout)
+        times = self._fill(served, to_hf_device(params, self.model_config, self.cfg.dtype, reuse), layout)
         self.version = version
         if self.lead:
             _write_version(self.state_file, version)
         end = time.perf_counter()
         local = sum(b.nbytes for b in layout.buckets if b.host == self.process)
-        self.stages = {"queue_s": queued - start, "layout_s": announced - queued, "host_copy_s": copy_s,
-                       "checksum_s": sum_s, "fill_s": end - announced, "publish_s": end - start,
+        self.stages = {"announce_s": announced - start, **times, "publish_s": end - start,
                        "host_bytes": local, "bytes": ann.total_bytes}
         log.info("published version %d: %d buckets, %.1f MB (%.1f MB here) in %.2f s", version, len(layout.buckets),
                  ann.total_bytes / 1e6, local / 1e6, end - start)
@@ -178,37 +177,50 @@ class WeightPublisher:
                 reuse = self._versions.popitem(last=False)[1].arrays
         return reuse
 
-    def _layout(self, converted) -> Layout:
-        key = tuple((spec.hf_name, x.shape, x.sharding) for spec, x in converted)
+    def _layout(self, shapes) -> Layout:
+        key = tuple((spec.hf_name, x.shape, x.dtype, x.sharding) for spec, x in shapes)
         if key not in self._layouts:
-            self._layouts = {key: plan(converted, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
+            self._layouts = {key: plan(shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
                                        self.processes, self.process)}
         return self._layouts[key]
 
-    def _fill(self, served: Served, converted, layout: Layout) -> tuple[float, float]:
-        """This host's blocks to host memory and into its buckets, in tensor order; each
-        bucket is served the moment its last piece is in. Returns the seconds spent
-        waiting for host copies (the conversion included) and checksumming."""
-        t = time.perf_counter()
-        owned = {(p.tensor, p.device) for pieces in layout.local.values() for p in pieces}
-        for tensor, device in sorted(owned, key=lambda k: k[0]):  # start every device-to-host copy at once
-            _shard(converted[tensor][1], device).copy_to_host_async()
+    def _fill(self, served: Served, converting, layout: Layout) -> dict[str, float]:
+        """Convert tensors in order, LOOKAHEAD ahead of the bucket being filled; copy this
+        host's blocks to host memory and into its buckets, each served the moment its last
+        piece is in. Every tensor is converted, served here or not (the program is the
+        same on every host). Returns seconds by stage."""
+        owned: dict[int, set] = {}
+        for pieces in layout.local.values():
+            for p in pieces:
+                owned.setdefault(p.tensor, set()).add(p.device)
+        arrays: list[jax.Array] = []
         hosted: dict[tuple[int, jax.Device], np.ndarray] = {}
-        copy_s, sum_s = time.perf_counter() - t, 0.0
+        times = {"convert_s": 0.0, "host_copy_s": 0.0, "checksum_s": 0.0}
+
+        def convert_through(t: int) -> None:
+            start = time.perf_counter()
+            for spec, x in itertools.islice(converting, max(0, t + 1 + LOOKAHEAD - len(arrays))):
+                served.arrays[spec.hf_name] = x
+                for device in owned.get(len(arrays), ()):
+                    _shard(x, device).copy_to_host_async()
+                arrays.append(x)
+            times["convert_s"] += time.perf_counter() - start
+
         for index in sorted(layout.local, key=lambda i: layout.local[i][0].tensor):
             bucket = served.buckets[index]
             for p in layout.local[index]:
-                key = (p.tensor, p.device)
-                if key not in hosted:
-                    t = time.perf_counter()
-                    hosted[key] = np.asarray(_shard(converted[p.tensor][1], p.device)).reshape(-1).view(np.uint8)
-                    copy_s += time.perf_counter() - t
-                bucket.frames.append(hosted[key][p.offset:p.offset + p.nbytes])
-            t = time.perf_counter()
+                convert_through(p.tensor)
+                if (p.tensor, p.device) not in hosted:
+                    start = time.perf_counter()
+                    hosted[p.tensor, p.device] = np.asarray(_shard(arrays[p.tensor], p.device)).reshape(-1).view(np.uint8)
+                    times["host_copy_s"] += time.perf_counter() - start
+                bucket.frames.append(hosted[p.tensor, p.device][p.offset:p.offset + p.nbytes])
+            start = time.perf_counter()
             bucket.checksum = checksum(bucket.frames)
-            sum_s += time.perf_counter() - t
+            times["checksum_s"] += time.perf_counter() - start
             bucket.ready.set()
-        return copy_s, sum_s
+        convert_through(len(layout.tensors))
+        return times
 
     # -- serving
     def handle(self, msg: Message) -> Message:
