@@ -139,7 +139,8 @@ class WeightPublisher:
     def _advertised(self) -> str:
         if not self.cfg.advertise:
             return self.server.endpoint
-        return self.cfg.advertise.format(host=socket.getfqdn(), process=self.process)
+        port = self.server.endpoint.rpartition(":")[2]
+        return self.cfg.advertise.format(host=socket.getfqdn(), process=self.process, port=port)
 
     # -- publishing
     def publish(self, params) -> int:

@@ -70,8 +70,9 @@ class WeightSyncConfig:
     Process 0 of the trainer announces each version on `announce` (PUB); every trainer host
     serves the blocks of the parameters it holds on its own bucket server: host 0 binds
     `serve.endpoint`, host i the same endpoint with the port raised by i (tcp) or `-i`
-    appended to the path (ipc). Workers reach host i at `advertise` (`{host}`: the host's
-    name, `{process}`: i) when set, else at the endpoint it bound. `dtype` is what travels
+    appended to the path (ipc). Workers reach host i at `advertise` when set (`{host}`: the
+    host's name, `{port}`: the port it bound, `{process}`: i; e.g. `tcp://{host}:{port}` for
+    hosts bound to 0.0.0.0), else at the endpoint it bound. `dtype` is what travels
     and what the engine loads: the rollout engine's dtype (the run config checks).
     No message exceeds `serve.max_message_bytes`, whatever the tensor: a block larger
     than a bucket is cut into rows across buckets and reassembled by the worker."""
