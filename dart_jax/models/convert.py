@@ -43,11 +43,6 @@ class ParamSpec:
     kind: str  # "copy" | "linear" | "conv3d"
     layer: int | None = None  # index along the leading layer axis of a stacked parameter
 
-    def to_hf(self, x: np.ndarray) -> np.ndarray:
-        if self.kind == "copy":
-            return x
-        return np.ascontiguousarray(x.T).reshape(self.hf_shape)
-
     def from_hf(self, x: np.ndarray) -> np.ndarray:
         """Flax layout of a torch-layout tensor, or of a block of it cut along dim 0 (conv3d)."""
         if self.kind == "copy":
