@@ -84,12 +84,13 @@ class Step(Msg):
     response_ids: np.ndarray  # int32 [R]: sampled token ids
     logprobs: np.ndarray  # float32 [R]: the sampler's log-probs of response_ids
     image_refs: list[int]  # indices into Trajectory.screenshots, in prompt order
-    policy_version: Version
+    policy_version: Version  # the version the request was submitted under
     response_text: str
     action: str = ""  # canonical action text after parsing; "" when invalid
     valid: bool = True
-    # True when a weight update landed while this response was generated: its tokens came
-    # from two versions and its log-probs match neither policy, so it is never trained on.
+    # True unless all of the response (its prefill, the KV it reused, its tokens) came from
+    # `policy_version`: a weight update cut across it, its log-probs match neither policy,
+    # and it is never trained on.
     straddles_update: bool = False
     gen_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the model call
     env_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the env step

@@ -261,7 +261,7 @@ class Puller:
         self.assembler = Assembler(ann, buffers)
         self.cancel = threading.Event() if cancel is None else cancel
         self._items: queue.Queue = queue.Queue(maxsize=2 * depth * len(ann.hosts))
-        self._ctx = zmq.Context()
+        self._ctx = zmq.Context(io_threads=min(len(ann.hosts), 8))  # one socket writer per host, up to 8
         self._todo = [iter([b for b in ann.buckets if b.host == h]) for h in range(len(ann.hosts))]
         self._lock = threading.Lock()  # the lanes' next bucket
         self._stopping = threading.Lock()  # one thread at a time closes the context
