@@ -62,7 +62,9 @@ def trainer_process(hf_dir: str, conn) -> None:
     params = nnx.state(model)
     conn.send(alone(params, model.config))
     loopback = WireConfig(endpoint="tcp://127.0.0.1:0", timeout_s=120)
-    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback), model.config)
+    # one version served at a time: this machine's 24 GB hold the trainer, the engine and its
+    # shadow copy of 2 GB each beside other work (the default window of 2 costs 2 GB more)
+    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback, keep_versions=1), model.config)
     conn.send((publisher.pub.endpoint, publisher.server.endpoint))
     while (cmd := conn.recv()) != "stop":
         params = jax.block_until_ready(jax.tree.map(lambda x: x * 1.01, params))
