@@ -44,6 +44,12 @@ def _worker(tmp_path, engine) -> tuple[Worker, Publisher]:
     return Worker(RolloutConfig(), engine, None, WireConfig(endpoint=f"ipc://{tmp_path}/dm"), (), weights), pub
 
 
+async def _close(worker: Worker, pub: Publisher) -> None:
+    await worker.envs.aclose()
+    await worker.dm.aclose()
+    pub.close()
+
+
 async def _until(cond, pub: Publisher | None = None, ann=None, timeout_s: float = 10.0) -> None:
     for _ in range(int(timeout_s / 0.05)):
         if cond():
@@ -70,7 +76,7 @@ def test_after_a_slow_pull_the_newest_announced_version_is_taken(tmp_path):
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
-            pub.close()
+            await _close(worker, pub)
         return engine, worker
 
     engine, worker = asyncio.run(scenario())
@@ -86,7 +92,7 @@ def test_a_load_that_breaks_the_engine_ends_the_follower(tmp_path):
         try:
             await _until(follower.done, pub, _ann(1))
         finally:
-            pub.close()
+            await _close(worker, pub)
         return follower, worker
 
     follower, worker = asyncio.run(scenario())
