@@ -101,36 +101,45 @@ def specs_for(abstract_state, config: Qwen25VLConfig) -> list[ParamSpec]:
 # ---- the conversion, on the devices that hold the parameters -----------------------------
 
 def to_hf_device(state, config: Qwen25VLConfig, dtype=None,
-                 reuse: dict[str, jax.Array] | None = None) -> Iterator[tuple[ParamSpec, jax.Array]]:
-    """(spec, the tensor in HF layout and `dtype` (None: its own)) for every parameter, in
-    checkpoint order, still on the devices. Each device converts its own shard inside jit
-    (a transpose and a cast; the output sharding is the input's with its axes permuted, so
-    nothing crosses between devices or hosts) before anything reaches a host. `reuse`
-    (hf_name -> an earlier result, donated) gives the outputs their buffers: memory already
-    touched instead of fresh pages. Each tensor is dispatched asynchronously as the
-    iterator reaches it: `list(...)` queues them all, and early ones can be read while
-    later ones still convert."""
+                 reuse: dict[Path, jax.Array] | None = None) -> Iterator[tuple[Path, jax.Array]]:
+    """(state path, the parameter in HF layout and `dtype` (None: its own)) for every
+    parameter, still on the devices: [L, *hf_shape] for a stacked one (layer l is tensor
+    `specs[l]`), [*hf_shape] otherwise, in the order checkpoint order first needs them.
+    Each device converts its own shard inside jit (a transpose and a cast; the output
+    sharding is the input's with its axes permuted, so nothing crosses between devices or
+    hosts) before anything reaches a host. `reuse` (path -> an earlier result, donated)
+    gives the outputs their buffers: memory already touched instead of fresh pages. One
+    call per parameter, all layers at once (per layer, XLA's CPU backend transposes 4x
+    slower), dispatched as the iterator reaches it."""
     flat = dict(nnx.to_flat_state(state))
-    for spec in specs_for(state, config):
-        x = flat[spec.path].get_value()
+    for path, spec in _first_specs(state, config).items():
+        x = flat[path].get_value()
         target = np.dtype(x.dtype if dtype is None else dtype).name
-        prev = None if reuse is None else reuse.pop(spec.hf_name, None)
+        prev = None if reuse is None else reuse.pop(path, None)
         donate = prev is not None and prev.dtype.name == target
-        fn = _converter(spec.kind, spec.hf_shape, target, _hf_sharding(x, spec), spec.layer is not None, donate)
-        args = (x,) if spec.layer is None else (x, np.int32(spec.layer))
-        yield spec, fn(*args, prev) if donate else fn(*args)
+        fn = _converter(spec.kind, spec.hf_shape, target, _hf_sharding(x, spec), donate)
+        yield path, fn(x, prev) if donate else fn(x)
 
 
-def hf_device_shapes(state, config: Qwen25VLConfig, dtype=None) -> list[tuple[ParamSpec, jax.ShapeDtypeStruct]]:
-    """What `to_hf_device` will return (shape, dtype, sharding per tensor), without
+def hf_device_shapes(state, config: Qwen25VLConfig, dtype=None) -> dict[Path, jax.ShapeDtypeStruct]:
+    """What `to_hf_device` will return (shape, dtype and sharding per parameter), without
     converting anything: enough to lay a version out before it exists."""
     flat = dict(nnx.to_flat_state(state))
-    out = []
-    for spec in specs_for(state, config):
-        x = flat[spec.path].get_value()
-        out.append((spec, jax.ShapeDtypeStruct(spec.hf_shape, np.dtype(x.dtype if dtype is None else dtype),
-                                               sharding=_hf_sharding(x, spec))))
+    out = {}
+    for path, spec in _first_specs(state, config).items():
+        x = flat[path].get_value()
+        stack = x.shape[:1] if spec.layer is not None else ()
+        out[path] = jax.ShapeDtypeStruct(stack + spec.hf_shape, np.dtype(x.dtype if dtype is None else dtype),
+                                         sharding=_hf_sharding(x, spec))
     return out
+
+
+def _first_specs(state, config: Qwen25VLConfig) -> dict[Path, ParamSpec]:
+    """Each parameter's first spec, in the order checkpoint order first reaches them."""
+    first: dict[Path, ParamSpec] = {}
+    for spec in specs_for(state, config):
+        first.setdefault(spec.path, spec)
+    return first
 
 
 def _hf_sharding(x: jax.Array, spec: ParamSpec):
@@ -139,34 +148,29 @@ def _hf_sharding(x: jax.Array, spec: ParamSpec):
     if not isinstance(sharding, NamedSharding):
         return sharding
     axes = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
-    if spec.layer is not None:  # the layer axis ("layers") is never sharded
-        axes = axes[1:]
+    stack, axes = (axes[:1], axes[1:]) if spec.layer is not None else ((), axes)
     if spec.kind == "linear":
         axes = axes[::-1]
     elif spec.kind == "conv3d":  # [C*t*p*p, D] -> [D, C, t, p, p]; the patch axis is never sharded
         axes = (axes[1],) + (None,) * (len(spec.hf_shape) - 1)
-    return NamedSharding(sharding.mesh, PartitionSpec(*axes))
+    return NamedSharding(sharding.mesh, PartitionSpec(*stack, *axes))
 
 
 @functools.lru_cache(maxsize=None)
-def _converter(kind: str, hf_shape: tuple[int, ...], dtype: str, out_sharding, stacked: bool, donate: bool):
-    """One compiled conversion per parameter shape (the layer is an argument, not a constant)."""
-    def convert(x, *layer):
-        if stacked:
-            x = jax.lax.dynamic_index_in_dim(x, layer[0], keepdims=False)
+def _converter(kind: str, hf_shape: tuple[int, ...], dtype: str, out_sharding, donate: bool):
+    """One compiled conversion per parameter shape (stacked or not)."""
+    def convert(x):
         if kind == "linear":
-            x = x.T
-        elif kind == "conv3d":
+            x = jnp.swapaxes(x, -1, -2)
+        elif kind == "conv3d":  # never stacked
             x = x.T.reshape(hf_shape)
         return x.astype(dtype)
 
     if not donate:
         return jax.jit(convert, out_shardings=out_sharding)
-
-    def into(*args):  # written over the donated array, so XLA aliases the output to its buffer
-        *args, prev = args
-        return jax.lax.dynamic_update_slice(prev, convert(*args), (0,) * prev.ndim)
-    return jax.jit(into, out_shardings=out_sharding, donate_argnums=2 if stacked else 1)
+    # written over the donated array, so XLA aliases the output to its buffer
+    return jax.jit(lambda x, prev: jax.lax.dynamic_update_slice(prev, convert(x), (0,) * prev.ndim),
+                   out_shardings=out_sharding, donate_argnums=1)
 
 
 def _host_array(x) -> np.ndarray:
@@ -178,11 +182,18 @@ def _host_array(x) -> np.ndarray:
 
 
 def hf_tensors(state, config: Qwen25VLConfig, dtype=None) -> Iterator[tuple[str, np.ndarray]]:
-    """(hf_name, torch-layout array) for every parameter, whole, one tensor on the host at a
-    time: the device conversion, then each tensor gathered (a collective on a multi-host
-    mesh: every process walks this; the export, once per run)."""
-    for spec, x in to_hf_device(state, config, dtype):
-        yield spec.hf_name, _host_array(x)
+    """(hf_name, torch-layout array) for every parameter, whole, in checkpoint order, one
+    tensor on the host at a time: the device conversion, then each tensor gathered (a
+    collective on a multi-host mesh: every process walks this; the export, once per run)."""
+    specs = specs_for(state, config)
+    last = {spec.path: spec.hf_name for spec in specs}
+    converted, done = to_hf_device(state, config, dtype), {}
+    for spec in specs:  # layer by layer: a stacked parameter stays converted until its last layer
+        while spec.path not in done:
+            path, x = next(converted)
+            done[path] = x
+        x = done[spec.path] if last[spec.path] != spec.hf_name else done.pop(spec.path)
+        yield spec.hf_name, _host_array(x if spec.layer is None else x[spec.layer])
 
 
 def hf_buckets(state, config: Qwen25VLConfig, bucket_bytes: int = 256 << 20, dtype=None) -> Iterator[list[tuple[str, np.ndarray]]]:

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import ParamSpec, hf_device_shapes, to_hf_device
+from dart_jax.models.convert import ParamSpec, hf_device_shapes, specs_for, to_hf_device
 from dart_jax.wire import Server
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import (Error, Message, PieceInfo, TensorInfo, WeightAnnounce, WeightBucket,
@@ -48,13 +48,14 @@ from dart_jax.wire.pubsub import Publisher
 from dart_jax.wire.weights import ITEMSIZE, checksum, pack_buckets, split_block
 
 log = logging.getLogger(__name__)
-LOOKAHEAD = 8  # tensors converted (device-to-host copies started) ahead of the bucket being filled
+LOOKAHEAD = 2  # parameters converted (device-to-host copies started) ahead of the bucket being filled
 
 
 @dataclasses.dataclass(frozen=True)
 class LocalPiece:
-    """Where a piece's bytes lie on this host: a byte range of one device's shard."""
-    tensor: int
+    """Where a piece's bytes lie on this host: a byte range of one device's shard of one
+    converted parameter (all its layers, for a stacked one)."""
+    param: int  # position in the conversion order
     device: jax.Device
     offset: int
     nbytes: int
@@ -69,21 +70,32 @@ class Layout:
     local: dict[int, list[LocalPiece]]  # bucket index -> its pieces, for the buckets this host serves
 
 
-def plan(converted: list[tuple[ParamSpec, jax.ShapeDtypeStruct]], dtype: str, bucket_bytes: int, processes: int,
-         process: int) -> Layout:
-    """Each distinct block of each tensor is served by one device holding it (replicated
-    blocks rotate among their holders, tensor by tensor), cut into rows that fit a bucket."""
-    tensors = [TensorInfo(name=spec.hf_name, dtype=dtype, shape=list(x.shape)) for spec, x in converted]
+def plan(specs: list[ParamSpec], shapes: dict[tuple, jax.ShapeDtypeStruct], dtype: str, bucket_bytes: int,
+         processes: int, process: int) -> Layout:
+    """Tensors in checkpoint order (`specs`), each cut into the blocks its parameter's
+    sharding gives it (`shapes`: the converted parameters); each distinct block served by
+    one device holding it (replicated blocks rotate among their holders, tensor by tensor),
+    cut into rows that fit a bucket."""
+    order = {path: i for i, path in enumerate(shapes)}
+    tensors = [TensorInfo(name=s.hf_name, dtype=dtype, shape=list(s.hf_shape)) for s in specs]
     host_pieces: list[list[PieceInfo]] = [[] for _ in range(processes)]
     where: dict[int, LocalPiece] = {}
     size = ITEMSIZE[dtype]
-    for t, (_, x) in enumerate(converted):
+    for t, spec in enumerate(specs):
+        x = shapes[spec.path]
         for device, start, shape in _owned_blocks(x, t):
+            if spec.layer is not None:  # the block of one layer, inside the shard of all of them
+                if not start[0] <= spec.layer < start[0] + shape[0]:
+                    continue
+                layer_offset = (spec.layer - start[0]) * math.prod(shape[1:])
+                start, shape = start[1:], shape[1:]
+            else:
+                layer_offset = 0
             for s, sh in split_block(start, shape, size, bucket_bytes):
                 piece = PieceInfo(tensor=t, start=list(s), shape=list(sh))
                 host_pieces[device.process_index].append(piece)
-                offset = int(np.ravel_multi_index(np.subtract(s, start), shape)) if shape else 0
-                where[id(piece)] = LocalPiece(t, device, offset * size, math.prod(sh) * size)
+                offset = layer_offset + (int(np.ravel_multi_index(np.subtract(s, start), shape)) if shape else 0)
+                where[id(piece)] = LocalPiece(order[spec.path], device, offset * size, math.prod(sh) * size)
     buckets = pack_buckets(host_pieces, tensors, bucket_bytes)
     local = {b.index: [where[id(p)] for p in b.pieces] for b in buckets if b.host == process}
     return Layout(tensors, buckets, local)
@@ -109,7 +121,7 @@ class Bucket:
 class Served:
     announce: WeightAnnounce
     buckets: dict[int, Bucket]
-    arrays: dict[str, jax.Array]  # the converted tensors, donated to a later version's conversion
+    arrays: dict[tuple, jax.Array]  # the converted parameters, donated to a later version's conversion
 
 
 class WeightPublisher:
@@ -147,7 +159,7 @@ class WeightPublisher:
         """Announce, convert, fill and serve `params` as the next version; returns it."""
         start = time.perf_counter()
         version = self.version + 1
-        layout = self._layout(hf_device_shapes(params, self.model_config, self.cfg.dtype))
+        layout = self._layout(params)
         ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
                              total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
         reuse = self._retire()
@@ -170,7 +182,7 @@ class WeightPublisher:
                  ann.total_bytes / 1e6, local / 1e6, end - start)
         return version
 
-    def _retire(self) -> dict[str, jax.Array] | None:
+    def _retire(self) -> dict[tuple, jax.Array] | None:
         """Stop serving the versions beyond the window; the last one's arrays, to reuse."""
         reuse = None
         with self._changed:
@@ -178,49 +190,51 @@ class WeightPublisher:
                 reuse = self._versions.popitem(last=False)[1].arrays
         return reuse
 
-    def _layout(self, shapes) -> Layout:
-        key = tuple((spec.hf_name, x.shape, x.dtype, x.sharding) for spec, x in shapes)
+    def _layout(self, params) -> Layout:
+        shapes = hf_device_shapes(params, self.model_config, self.cfg.dtype)
+        key = tuple((path, x.shape, x.dtype, x.sharding) for path, x in shapes.items())
         if key not in self._layouts:
-            self._layouts = {key: plan(shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
+            specs = specs_for(params, self.model_config)
+            self._layouts = {key: plan(specs, shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
                                        self.processes, self.process)}
         return self._layouts[key]
 
     def _fill(self, served: Served, converting, layout: Layout) -> dict[str, float]:
-        """Convert tensors in order, LOOKAHEAD ahead of the bucket being filled; copy this
+        """Convert parameters in order, LOOKAHEAD ahead of the bucket being filled; copy this
         host's blocks to host memory and into its buckets, each served the moment its last
-        piece is in. Every tensor is converted, served here or not (the program is the
+        piece is in. Every parameter is converted, served here or not (the program is the
         same on every host). Returns seconds by stage."""
         owned: dict[int, set] = {}
         for pieces in layout.local.values():
             for p in pieces:
-                owned.setdefault(p.tensor, set()).add(p.device)
+                owned.setdefault(p.param, set()).add(p.device)
         arrays: list[jax.Array] = []
         hosted: dict[tuple[int, jax.Device], np.ndarray] = {}
         times = {"convert_s": 0.0, "host_copy_s": 0.0, "checksum_s": 0.0}
 
-        def convert_through(t: int) -> None:
+        def convert_through(param: int) -> None:
             start = time.perf_counter()
-            for spec, x in itertools.islice(converting, max(0, t + 1 + LOOKAHEAD - len(arrays))):
-                served.arrays[spec.hf_name] = x
+            for path, x in itertools.islice(converting, max(0, param + 1 + LOOKAHEAD - len(arrays))):
+                served.arrays[path] = x
                 for device in owned.get(len(arrays), ()):
                     _shard(x, device).copy_to_host_async()
                 arrays.append(x)
             times["convert_s"] += time.perf_counter() - start
 
-        for index in sorted(layout.local, key=lambda i: layout.local[i][0].tensor):
+        for index in sorted(layout.local):  # numbered in tensor order
             bucket = served.buckets[index]
             for p in layout.local[index]:
-                convert_through(p.tensor)
-                if (p.tensor, p.device) not in hosted:
+                convert_through(p.param)
+                if (p.param, p.device) not in hosted:
                     start = time.perf_counter()
-                    hosted[p.tensor, p.device] = np.asarray(_shard(arrays[p.tensor], p.device)).reshape(-1).view(np.uint8)
+                    hosted[p.param, p.device] = np.asarray(_shard(arrays[p.param], p.device)).reshape(-1).view(np.uint8)
                     times["host_copy_s"] += time.perf_counter() - start
-                bucket.frames.append(hosted[p.tensor, p.device][p.offset:p.offset + p.nbytes])
+                bucket.frames.append(hosted[p.param, p.device][p.offset:p.offset + p.nbytes])
             start = time.perf_counter()
             bucket.checksum = checksum(bucket.frames)
             times["checksum_s"] += time.perf_counter() - start
             bucket.ready.set()
-        convert_through(len(layout.tensors))
+        convert_through(2**31)
         return times
 
     # -- serving

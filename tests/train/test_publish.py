@@ -62,10 +62,8 @@ def test_each_device_converts_its_own_shard_without_communication(sharded):
         if spec.layer not in (None, 0):
             continue
         x = flat[spec.path].get_value()
-        fn = convert._converter(spec.kind, spec.hf_shape, "bfloat16", convert._hf_sharding(x, spec),
-                                spec.layer is not None, False)
-        args = (x,) if spec.layer is None else (x, np.int32(0))
-        hlo = fn.lower(*args).compile().as_text()
+        fn = convert._converter(spec.kind, spec.hf_shape, "bfloat16", convert._hf_sharding(x, spec), False)
+        hlo = fn.lower(x).compile().as_text()
         assert not [op for op in COLLECTIVES if op in hlo], (spec.hf_name, x.sharding)
         if len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated:
             sharded_kinds.add(spec.kind)
