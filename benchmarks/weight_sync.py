@@ -205,6 +205,7 @@ async def measure(args, hf_dir: Path, conn) -> dict:
         "publish_gb_per_s": published["bytes"] / published["publish_s"] / 1e9,
         "publish": {k: round(v, 3) for k, v in published.items() if k.endswith("_s")},
         "worker": {"announce_s": round(done["announce_heard"] - published["start"], 3),
+                   "pull_s": round(event.pulled - event.started, 3),
                    "pull_and_load_s": round(event.paused - event.started, 3),
                    "swap_s": round(event.resumed - event.paused, 3)},
     }

@@ -67,6 +67,7 @@ class SyncEvent:
     resumed: float  # generation resumed with the new version
     ok: bool
     error: str = ""
+    pulled: float = 0.0  # every tensor received (shadow: and loaded up to the last layer)
 
 
 class EngineBroken(RuntimeError):
@@ -185,7 +186,7 @@ class Engine:
                 check_tensors(ann, self.expected, self.cfg.dtype)
             except WeightTransferError as e:
                 return SyncEvent(ann.version, started, 0.0, 0.0, ok=False, error=f"refused: {e}")
-            error = await self._pull(ann, weights)
+            error, pulled = await self._pull(ann, weights)
             if error:
                 return SyncEvent(ann.version, started, 0.0, 0.0, ok=False, error=error)
             paused = time.time()
@@ -204,7 +205,7 @@ class Engine:
             self.version = ann.version
             await self.llm.resume_generation()
             self._live.set()
-            return SyncEvent(ann.version, started, paused, time.time(), ok=True)
+            return SyncEvent(ann.version, started, paused, time.time(), ok=True, pulled=pulled)
 
     async def _broken(self, why: str) -> EngineBroken:
         """Stay paused under no version: nothing half loaded is ever sampled or labelled."""
@@ -214,8 +215,9 @@ class Engine:
         self._live.set()  # requests waiting to be submitted raise EngineBroken
         return EngineBroken(why)
 
-    async def _pull(self, ann: WeightAnnounce, weights: WeightSyncConfig) -> str:
-        """"" once every worker of the engine holds the version, else why not."""
+    async def _pull(self, ann: WeightAnnounce, weights: WeightSyncConfig) -> tuple[str, float]:
+        """("", when the last tensor arrived) once every worker of the engine holds the
+        version, else (why not, 0)."""
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
@@ -238,8 +240,8 @@ class Engine:
         failed = [s for s in states if s["state"] != "ready" or s["version"] != ann.version]
         if failed:
             await self.llm.collective_rpc("dart_abort_update")
-            return failed[0]["error"] or f"pull of version {ann.version} not done within {weights.pull_timeout_s} s"
-        return ""
+            return failed[0]["error"] or f"pull of version {ann.version} not done within {weights.pull_timeout_s} s", 0.0
+        return "", max(s["pulled_at"] for s in states)
 
     def shutdown(self) -> None:
         self.llm.shutdown()

@@ -182,6 +182,12 @@ def _unpin_this_thread() -> None:
         os.sched_setaffinity(0, os.sched_getaffinity(os.getppid()))
 
 
+def _stamped(tensors: Iterator, job: dict) -> Iterator:
+    """`tensors`, stamping the job when the last one has arrived (shadow: loaded up to its layer)."""
+    yield from tensors
+    job["pulled_at"] = time.time()
+
+
 def _notify(endpoint: str, version: int) -> None:
     ctx = zmq.Context()
     try:
@@ -207,8 +213,8 @@ class WeightSyncExtension:
         self.dart_abort_update()
         ann = codec.from_bytes(announce, WeightAnnounce)
         wire = from_dict(WireConfig, serve, "weight serve config")
-        job = self._dart = {"version": ann.version, "state": "pulling", "error": "", "mode": mode,
-                            "started": time.time(), "ready_at": 0.0, "result": None, "cancel": threading.Event()}
+        job = self._dart = {"version": ann.version, "state": "pulling", "error": "", "mode": mode, "started": time.time(),
+                            "pulled_at": 0.0, "ready_at": 0.0, "result": None, "cancel": threading.Event()}
         job["thread"] = threading.Thread(target=self._dart_pull, args=(ann, wire, mode, job, notify, timeout_s, depth),
                                          name=f"dart-pull-v{ann.version}", daemon=True)
         job["thread"].start()
@@ -219,7 +225,7 @@ class WeightSyncExtension:
         buffers = self.__dict__.setdefault("_dart_buffers", {})
         try:
             with Puller(ann, wire, timeout_s=timeout_s, depth=depth, buffers=buffers, cancel=job["cancel"]) as pull:
-                tensors = as_tensors(iter(pull))
+                tensors = _stamped(as_tensors(iter(pull)), job)
                 if mode == "shadow":
                     result = load_shadow(self.model_runner.get_model(), tensors, self.vllm_config.model_config,
                                          self.__dict__.pop("_dart_spare", None))
@@ -237,7 +243,8 @@ class WeightSyncExtension:
         job = getattr(self, "_dart", None)
         if job is None:
             return {"state": "idle", "version": -1, "error": "", "threads": threads}
-        return {k: job[k] for k in ("state", "version", "error", "mode", "started", "ready_at")} | {"threads": threads}
+        keys = ("state", "version", "error", "mode", "started", "pulled_at", "ready_at")
+        return {k: job[k] for k in keys} | {"threads": threads}
 
     def dart_commit_update(self) -> dict:
         """Make the pulled version live (the engine is paused); returns the load time. An

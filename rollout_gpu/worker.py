@@ -253,8 +253,9 @@ class Worker:
         self.syncs.append(event)
         if self.metrics is not None:
             self.metrics.write(self.done, {"sync_version": event.version, "sync_ok": event.ok,
-                                           "sync_started": event.started, "sync_paused": event.paused,
-                                           "sync_resumed": event.resumed, "sync_error": event.error})
+                                           "sync_started": event.started, "sync_pulled": event.pulled,
+                                           "sync_paused": event.paused, "sync_resumed": event.resumed,
+                                           "sync_error": event.error})
 
     async def heartbeat(self) -> None:
         while True:

@@ -83,7 +83,7 @@ def _engine(llm, pause="keep") -> Engine:
 
     async def pulled(ann, weights):
         llm.rpcs.append("pull")
-        return ""
+        return "", 0.0
     engine._pull = pulled
     return engine
 
