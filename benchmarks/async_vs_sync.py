@@ -13,7 +13,7 @@ has one bucket shape (`--seq-len`), so it compiles in its first round and never 
 `--max-pending` caps the rollouts waiting for the trainer (in flight or unused) in both
 modes (default: no cap, as measured in BUILD.md).
 
-The figures come from the runs' own records (dart_jax.run.utilization), over each run's
+The figures come from the runs' own records (dart_jax.observe.utilization), over each run's
 steady-state window: from the end of its `--warmup`-th round (the first compiles the
 trainer's step, the engine warms up) to its last publish, the same computation in both modes:
 - env utilization: time every slot spent inside env calls / (slots x window);
@@ -41,7 +41,7 @@ def overrides(args, root: Path, mode: str) -> list[str]:
             *socket_overrides(root, mode),
             f"envs.slots=[{{type: synthetic, count: {args.slots}, step_latency: {latency}}}]",
             f"envs.invalid_action={args.invalid}", "envs.step_timeout_s=60", "envs.reset_timeout_s=60",
-            "job.suites=[{backend: synthetic, names: [click-button, enter-text, select-item, check-boxes], "
+            "tasks.suites=[{backend: synthetic, names: [click-button, enter-text, select-item, check-boxes], "
             "train_seeds: 4, eval_seeds: 1}]",
             f"data.curation.tasks_per_batch={args.tasks_per_batch}", "data.curation.min_rollouts=4",
             f"data.curation.max_pending={args.max_pending}",
@@ -54,7 +54,7 @@ def overrides(args, root: Path, mode: str) -> list[str]:
 def steady_window(rounds, warmup: int):
     """From the end of the `warmup`-th trainer round (its first batch request when 0) to the
     last publish: the rounds after the warm-up, each whole."""
-    from dart_jax.run.utilization import Window
+    from dart_jax.observe.utilization import Window
     rounds = sorted(rounds, key=lambda r: r.publish_end)
     if len(rounds) <= warmup:
         raise ValueError(f"{len(rounds)} trainer rounds: none after the {warmup} warm-up rounds")
@@ -63,8 +63,8 @@ def steady_window(rounds, warmup: int):
 
 
 def figures(run_dir: Path, slots: int, warmup: int):
-    from dart_jax.run.records import RunReader
-    from dart_jax.run.utilization import measure
+    from dart_jax.observe.records import RunReader
+    from dart_jax.observe.utilization import measure
     reader = RunReader(run_dir)
     records = reader.refresh()
     reader.close()
@@ -74,7 +74,7 @@ def figures(run_dir: Path, slots: int, warmup: int):
 def run_mode(args, root: Path, mode: str) -> dict:
     from dart_jax.config import load
     from dart_jax.run.main import run
-    from dart_jax.run.schema import RunConfig
+    from dart_jax.config.schema import RunConfig
     summary = run(load(RunConfig, "configs/rl.yaml", overrides(args, root, mode)))
     u = figures(Path(summary["run_dir"]), args.slots, args.warmup)
     out = {"env_util": u.env, "rollout_util": u.rollout, "trainer_util": u.trainer,

@@ -1,12 +1,16 @@
-"""What every benchmark shares: the machine line and in-process rollout workers."""
+"""What every benchmark shares: the machine line, workers in fresh processes and in-process
+rollout workers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import platform
+import subprocess
+import sys
 
 
 def machine() -> str:
@@ -17,6 +21,54 @@ def machine() -> str:
     except (ValueError, OSError):
         mem = float("nan")
     return f"{platform.node()} {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
+
+
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "OutOfMemoryError", "out of memory")
+LOG_TAIL = 2000  # characters of a failed worker's output kept with its result
+
+
+def run_worker(module: str, payload: dict, timeout: float) -> dict:
+    """`python -m module --worker JSON` in a fresh process (its own allocator: an
+    out-of-memory or a hang ends only this measurement). Every JSON object line the worker
+    printed merges into the result in order (a worker may print a plan, such as XLA's memory
+    analysis, before it runs), with `status`: "ok", "out of memory", "timeout after N s" or
+    "failed: <last line>". The worker's stderr goes on to this process's stderr."""
+    cmd = [sys.executable, "-m", module, "--worker", json.dumps(payload)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        stdout, stderr = _text(e.stdout), _text(e.stderr)
+        _relay(stderr)
+        return {**_json_lines(stdout), "status": f"timeout after {timeout:.0f} s"}
+    _relay(out.stderr)
+    figures = _json_lines(out.stdout)
+    if out.returncode == 0 and figures:
+        return {**figures, "status": "ok"}
+    log = (out.stderr or out.stdout).strip()
+    last = log.splitlines()[-1:] or [f"exit {out.returncode}"]
+    oom = any(m in out.stderr for m in OOM_MARKERS)
+    return {**figures, "status": "out of memory" if oom else f"failed: {last[0][:300]}", "log_tail": log[-LOG_TAIL:]}
+
+
+def _text(x) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+
+
+def _relay(stderr: str) -> None:
+    if stderr:
+        sys.stderr.write(stderr[-20 * LOG_TAIL:])
+        sys.stderr.flush()
+
+
+def _json_lines(stdout: str) -> dict:
+    merged = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                merged |= json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return merged
 
 
 def socket_overrides(root, name: str) -> list[str]:

@@ -1,15 +1,18 @@
 """DART's curation ablation on the local learning proof: one SFT policy, then each curation
 piece added in turn, with the same seeds and the same RL budget per configuration.
 
-    .venv/bin/python -m benchmarks.curation_ablation [--config configs/local.yaml] [--steps N] [--seed S]
-                                                     [--max-seconds S] [--sft-run RUN_DIR] [--batch-wait-s S]
+    .venv/bin/python -m benchmarks.curation_ablation [--config configs/local.yaml] [--steps N]
+                                                     [--seed S [S ...]] [--max-seconds S]
+                                                     [--sft-run RUN_DIR ...] [--batch-wait-s S]
 
-A `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy and its
-held-out success (or `--sft-run`: those phases of a finished run of the same config and seed,
-such as a `make run`, whose RL phase then is the `full` configuration's twin). Each
-configuration is then a run of phases [rl, eval] from that policy with the same tasks,
-demonstrations, seeds, RL budget (the config's `train.steps` and `train.max_seconds`,
-whichever ends first, as in `make run`) and evaluation episodes:
+Per seed, a `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy
+and its held-out success (or `--sft-run`, once per seed: those phases of a finished run of
+the same config and seed, such as a `make run` or a learning-sweep run, whose RL phase then
+is the `full` configuration's twin). Each configuration is then a run of phases [rl, eval]
+from that policy with the same tasks, demonstrations, seeds, RL budget (the config's
+`train.steps` and `train.max_seconds`, whichever ends first, as in `make run`) and
+evaluation episodes. Everything except the pieces below stays as the config says (the
+loss, its clip and KL term, the optimizer):
 
     plain GRPO           fixed max_rollouts per task, fixed step cap (default_max_steps), no
                          experience pool, every step trained, no truncated importance sampling
@@ -24,14 +27,18 @@ nothing to learn from: every group failed and no pool fills in) stops at the ste
 reached and is evaluated there; its row says so, as it says which configurations the clock
 stopped.
 
-Printed as DART's ablation table (RL steps trained, held-out success with Wilson 95%
-intervals, and the gain over SFT paired over the same eval episodes) and as JSON on the
-last line.
+Printed as DART's ablation table and as JSON on the last line: per configuration the RL
+steps of each seed's run (and whether the clock or a stall ended it, and whether training
+collapsed by the run's rule, `rl_collapsed`, at which policy version), held-out success with
+its Wilson 95% interval over every seed's episodes, and its gains over SFT, over plain GRPO
+and over the row before (the piece just added), each paired over the same eval episodes
+(pairs form within a seed).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -62,7 +69,7 @@ def variant(cfg, on: int) -> list[str]:
 def one_run(config: Path, root: Path, name: str, extra: list[str]) -> dict:
     from dart_jax.config import load
     from dart_jax.run.main import run
-    from dart_jax.run.schema import RunConfig
+    from dart_jax.config.schema import RunConfig
     summary = run(load(RunConfig, config, [f"run.root={root}", f"run.name={name}", "run.view=lines",
                                            *socket_overrides(root, name), *extra]))
     print(json.dumps({"run": name, **{k: v for k, v in summary.items() if k != "plots"}}), flush=True)
@@ -85,70 +92,103 @@ def sft_summary(run_dir: Path) -> dict:
     return summary
 
 
+def sampled(outcomes, seed: int) -> list:
+    """The sampled episodes of one seed's evaluation, named by seed as well: episodes of
+    different seeds are different episodes, and pairs form only within a seed."""
+    return [dataclasses.replace(o, task_id=f"seed{seed}/{o.task_id}") for o in outcomes if o.mode == "sampled"]
+
+
+def row(label: str, outcomes: list, sft: list, plain: list | None, previous: list | None, runs: list[dict]) -> dict:
+    """One configuration over its seeds: held-out success (Wilson), its gain over SFT, over plain
+    GRPO and over the row before (the piece's own share), each paired over the same episodes,
+    and per seed its RL steps, how the run ended and whether training collapsed (and where)."""
+    from dart_jax.eval.stats import paired_gain, wilson
+    wins, n = sum(o.success for o in outcomes), len(outcomes)
+    out = {"config": label, "success": wins / n, "n": n, "ci95": list(wilson(wins, n))}
+    for key, base in (("gain", sft), ("over_plain", plain), ("over_previous", previous)):
+        g = paired_gain(base, outcomes) if base is not None else None
+        out[key], out[f"{key}_ci95"] = (g["gain"], g["ci95"]) if g else (None, None)
+    return out | {"runs": runs}
+
+
 def main() -> None:
     from dart_jax.config import load
-    from dart_jax.run.evaluate import load_outcomes, paired_gain, wilson
+    from dart_jax.eval.stats import load_outcomes
     from dart_jax.run.main import stop_on_sigterm
-    from dart_jax.run.schema import RunConfig
+    from dart_jax.config.schema import RunConfig
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's train.steps)")
     ap.add_argument("--max-seconds", type=float, help="the RL phase's wall-clock budget per configuration "
                     "(default: the config's train.max_seconds; 0: none)")
-    ap.add_argument("--seed", type=int, default=1, help="run.seed of every run")
-    ap.add_argument("--sft-run", type=Path, help="a finished run of the same config and seed whose demos, "
-                    "SFT policy and SFT evaluation every configuration starts from (default: run them)")
+    ap.add_argument("--seed", type=int, nargs="+", default=[1], help="run.seed of every run; several: "
+                    "every configuration once per seed, the rows pooled over them")
+    ap.add_argument("--sft-run", type=Path, action="append", default=[], help="a finished run of the same "
+                    "config and seed whose demos, SFT policy and SFT evaluation every configuration starts from "
+                    "(default: run them); once per --seed, in the same order")
     ap.add_argument("--batch-wait-s", type=float, default=300.0, help="a configuration whose trainer waits "
                     "this long for one batch stops there (its row says stalled)")
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
+    if args.sft_run and len(args.sft_run) != len(args.seed):
+        ap.error(f"--sft-run given {len(args.sft_run)} times for {len(args.seed)} seeds")
     stop_on_sigterm()  # killed, its runs' roles go with it (a stalled configuration is killed by hand)
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_ablation_"))
-    seed = [f"run.seed={args.seed}"]
-    cfg = load(RunConfig, args.config, seed)
+    cfg = load(RunConfig, args.config, [f"run.seed={args.seed[0]}"])
     steps = args.steps or cfg.train.steps
     budget = cfg.train.max_seconds if args.max_seconds is None else (args.max_seconds or None)
 
-    if args.sft_run:
-        base_dir, base = args.sft_run, sft_summary(args.sft_run)
-    else:
-        base_dir, base = root / "sft", one_run(args.config, root, "sft", [*seed, "run.phases=[demos, sft, eval]"])
-    sft_eval = load_outcomes(base_dir / "eval" / "sft.json")
-    rows = [{"config": "SFT only", "success": base["heldout_success_sft"], "n": _sampled(sft_eval)[1],
-             "ci95": list(wilson(*_sampled(sft_eval))), "gain": 0.0, "gain_ci95": [0.0, 0.0],
-             "rl_steps": 0, "stalled": False, "out_of_time": False}]
-    common = [*seed, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
-              f"train.batch_wait_s={args.batch_wait_s}", f"train.max_seconds={'null' if budget is None else budget}",
-              f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
-    for i, (label, on) in enumerate(PIECES):
-        name = f"ablation-{i}"
-        summary = one_run(args.config, root, name, [*common, *variant(cfg, on)])
-        outcomes = load_outcomes(root / name / "eval" / "rl.json")
-        wins, n = _sampled(outcomes)
-        g = paired_gain([o for o in sft_eval if o.mode == "sampled"], [o for o in outcomes if o.mode == "sampled"])
-        rows.append({"config": label, "success": wins / n, "n": n, "ci95": list(wilson(wins, n)),
-                     "gain": g["gain"], "gain_ci95": g["ci95"], "rl_steps": summary["rl_steps"],
-                     "stalled": summary["rl_stalled"], "out_of_time": summary["rl_out_of_time"]})
+    sft: list = []
+    outcomes: list[list] = [[] for _ in PIECES]
+    runs: list[list[dict]] = [[] for _ in PIECES]
+    for k, seed in enumerate(args.seed):
+        tag = f"run.seed={seed}"
+        if args.sft_run:
+            base_dir, base = args.sft_run[k], sft_summary(args.sft_run[k])
+        else:
+            base_dir, base = root / f"sft-seed{seed}", one_run(args.config, root, f"sft-seed{seed}",
+                                                               [tag, "run.phases=[demos, sft, eval]"])
+        sft += sampled(load_outcomes(base_dir / "eval" / "sft.json"), seed)
+        common = [tag, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
+                  f"train.batch_wait_s={args.batch_wait_s}", f"train.max_seconds={'null' if budget is None else budget}",
+                  f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
+        for i, (label, on) in enumerate(PIECES):
+            name = f"ablation-{i}-seed{seed}"
+            summary = one_run(args.config, root, name, [*common, *variant(cfg, on)])
+            outcomes[i] += sampled(load_outcomes(root / name / "eval" / "rl.json"), seed)
+            runs[i].append({"seed": seed, "rl_steps": summary["rl_steps"], "stalled": summary["rl_stalled"],
+                            "out_of_time": summary["rl_out_of_time"], "collapsed": summary["rl_collapsed"],
+                            "collapsed_version": summary["rl_collapsed_version"]})
+    rows = [row("SFT only", sft, sft, None, None, [])]
+    rows += [row(label, outcomes[i], sft, outcomes[0] if i else None, outcomes[i - 1] if i else None, runs[i])
+             for i, (label, _) in enumerate(PIECES)]
     print(table(rows))
     print(json.dumps({"benchmark": "curation_ablation", "config": str(args.config), "rl_steps": steps,
-                      "rl_max_seconds": budget,
-                      "seed": args.seed, "rows": rows, "work": str(root), "machine": machine()}))
-
-
-def _sampled(outcomes) -> tuple[int, int]:
-    mine = [o for o in outcomes if o.mode == "sampled"]
-    return sum(o.success for o in mine), len(mine)
+                      "rl_max_seconds": budget, "seeds": args.seed, "rows": rows, "work": str(root),
+                      "machine": machine()}))
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'configuration':<22} {'RL steps':>14} {'held-out success':>18} {'95% CI':>16} "
-            f"{'gain over SFT':>14} {'paired 95% CI':>18}")
+    """Per configuration: RL steps per seed (stalled / clock / collapsed at version v), held-out
+    success, and its gains over SFT, over plain GRPO and over the row before, paired."""
+    head = (f"{'configuration':<20} {'RL steps':>22} {'held-out':>8} {'95% CI':>12} {'gain over SFT':>22} "
+            f"{'over plain GRPO':>22} {'over the row before':>22}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        steps = f"{r['rl_steps']}" + (" (stalled)" if r["stalled"] else " (time)" if r["out_of_time"] else "")
-        lines.append(f"{r['config']:<22} {steps:>14} {r['success']:>18.3f} {_ci(r['ci95']):>16} {r['gain']:>+14.3f} "
-                     f"{_ci(r['gain_ci95']):>18}")
+        steps = ", ".join(_steps(run) for run in r["runs"]) or "0"
+        lines.append(f"{r['config']:<20} {steps:>22} {r['success']:>8.3f} {_ci(r['ci95']):>12} "
+                     + " ".join(f"{_gain(r[k], r[f'{k}_ci95']):>22}" for k in ("gain", "over_plain", "over_previous")))
     return "\n".join(lines)
+
+
+def _steps(run: dict) -> str:
+    marks = [m for m, on in (("stalled", run["stalled"]), ("time", run["out_of_time"])) if on]
+    marks += [f"collapsed v{run['collapsed_version']}"] if run["collapsed"] else []
+    return f"{run['rl_steps']}" + (f" ({', '.join(marks)})" if marks else "")
+
+
+def _gain(g, ci) -> str:
+    return "-" if g is None else f"{g:+.3f} {_ci(ci)}"
 
 
 def _ci(ci) -> str:

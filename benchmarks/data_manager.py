@@ -33,7 +33,7 @@ import yaml
 
 from dart_jax.data.store import Store
 from dart_jax.data.tasks import write_task_file
-from dart_jax.data.testing import make_trajectory, task_specs
+from dart_jax.testing.trajectories import make_trajectory, task_specs
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import (MAX_SCREENSHOTS_PER_REQUEST, BatchRequest, CuratedBatch, Ping,
                                     ScreenshotRequest, SubmitTrajectory)

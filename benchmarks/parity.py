@@ -47,7 +47,8 @@ def gaps(hf_dir: Path, trajs) -> tuple[np.ndarray, np.ndarray]:
     from flax import nnx
 
     from dart_jax.models import hf_io
-    from dart_jax.train.batch import BucketSpec, Collator
+    from dart_jax.train.batch import BucketSpec
+    from dart_jax.train.collate import Collator
     from dart_jax.train.config import TrainerConfig
     from dart_jax.train.rescore import rescore
     model, _ = hf_io.load_model(hf_dir)
@@ -66,9 +67,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from dart_jax.agent.prompt import PromptBuilder
-    from dart_jax.run.schema import RunConfig
+    from dart_jax.config.schema import RunConfig
     from dart_jax.models.tiny import make_tiny_hf_dir
-    from dart_jax.run.stack import LocalStack
+    from dart_jax.testing.stack import LocalStack
     from dart_jax.wire.messages import TaskSpec
     from rollout_gpu.config import SamplingConfig
     from rollout_gpu.engine import Engine

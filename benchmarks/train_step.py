@@ -6,18 +6,21 @@
 
 One step is an SFT update on `rows` sequences of `length` tokens (rows = tokens_per_step /
 length, at least 1): forward, backward, global-norm clip and AdamW, fp32 master weights with
-`--dtype` compute (bf16 off CPU). Ours is `train.step.Steps` (scanned layers, remat policy,
+`--dtype` compute (bf16 off CPU). Ours is `train.step.TrainFunctions` (scanned layers, remat policy,
 attention kernel chosen per backend, fused log-prob kernel, fused AdamW). The reference is
 transformers' Qwen2_5_VLForConditionalGeneration on the same shapes: SDPA attention, gradient
 checkpointing, autocast to the compute dtype, clip_grad_norm_, AdamW (fused on CUDA). Both
 models carry a one-block vision tower that text-only steps do not run.
 
 Each (framework, size, length) runs in its own process (no allocator shared between JAX and
-torch; an out-of-memory kills only its own measurement). Figures: tokens/s (median step),
-MFU = tokens/s * flops_per_token / peak (formula in the output; recomputation not counted),
-peak device memory (JAX memory_stats / torch max_memory_allocated; on CPU, XLA's memory
-analysis of our compiled step), compile time (first step minus a steady one). The last line
-is JSON with every figure and the machine.
+torch; an out-of-memory kills only its own measurement); this driver never starts a device
+backend itself (on a GPU JAX would take 75% of its memory before the first worker runs).
+Figures: tokens/s (median step), MFU = tokens/s * flops_per_token / peak (formula in the
+output; recomputation not counted; peak by the device's name), peak device memory (JAX
+memory_stats / torch max_memory_allocated; on CPU, XLA's memory analysis of our compiled
+step), compile time (first step minus a steady one; ours: plus the accumulate step's
+compile, done ahead so that XLA's memory plan is printed even when the step does not fit:
+`plan_bytes`). The last line is JSON with every figure and the machine.
 """
 
 from __future__ import annotations
@@ -34,18 +37,21 @@ import time
 
 import numpy as np
 
+from benchmarks.common import run_worker
 from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
 
 # name -> (hidden, intermediate, layers, heads, kv heads, vocab, tied): Qwen2.5(-VL) decoders
 SIZES = {
+    "micro": (64, 128, 2, 2, 1, 1024, True),  # the GPU suite's dry run
     "tiny": (256, 512, 4, 4, 2, 8192, True),
     "0.5B": (896, 4864, 24, 14, 2, 151_936, True),
     "1.5B": (1536, 8960, 28, 12, 2, 151_936, True),
     "3B": (2048, 11008, 36, 16, 2, 151_936, True),
     "7B": (3584, 18944, 28, 28, 4, 152_064, False),
 }
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5 lite": 197e12,
-              "TPU v5p": 459e12, "TPU v6": 918e12}  # dense bf16
+# dense bf16 FLOP/s by device name: the first key found in the device's name counts (PCIe before SXM)
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12,
+              "TPU v5 lite": 197e12, "TPU v5p": 459e12, "TPU v6": 918e12}
 FORMULA = "flops_per_token = 6 * N_matmul + 6 * layers * length * heads * head_dim (causal attention, fwd+bwd)"
 
 
@@ -76,7 +82,7 @@ def peak_flops(device_kind: str, override: float | None) -> float | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Job:
+class Case:
     framework: str  # "jax" | "jax-compile" | "torch"
     size: str
     length: int
@@ -102,49 +108,61 @@ def synthetic_batch(config: Qwen25VLConfig, rows: int, length: int, seed: int = 
                       np.zeros((rows, 1), np.int32), np.ones((rows, 1), bool))
 
 
-def run_jax(job: Job) -> dict:
+def run_jax(case: Case) -> dict:
     import jax
     from flax import nnx
 
     from dart_jax.models.qwen25vl import create_model
     from dart_jax.models.sharding import make_mesh
     from dart_jax.train.config import OptimizerConfig, TrainerConfig
-    from dart_jax.train.pipeline import to_global
-    from dart_jax.train.step import RowTargets, Scores, Steps
+    from dart_jax.train.batch import to_global
+    from dart_jax.train.step import RowTargets, Scores, TrainFunctions
 
-    config = model_config(job.size)
+    config = model_config(case.size)
     mesh = make_mesh(1, 1, 1)
-    model = nnx.jit(lambda: create_model(config, dtype=job.dtype, remat=job.remat))()
+    model = nnx.jit(lambda: create_model(config, dtype=case.dtype, remat=case.remat))()
     graphdef, params = nnx.split(model)
-    cfg = TrainerConfig(mode="sft", compute_dtype=job.dtype, remat=job.remat, optimizer=OptimizerConfig(lr=1e-5))
-    steps = Steps(graphdef, params, cfg, mesh)
-    state = steps.init_state(params)
+    cfg = TrainerConfig(mode="sft", compute_dtype=case.dtype, remat=case.remat, optimizer=OptimizerConfig(lr=1e-5))
+    fns = TrainFunctions(graphdef, params, cfg, mesh)
+    state = fns.init_state(params)
     del model, params
-    mb = to_global(synthetic_batch(config, job.rows, job.length), mesh)
-    ones = np.ones(job.rows, np.float32)  # one step slot a row
-    ones = jax.device_put(ones, steps.row_shardings(ones))
+    mb = to_global(synthetic_batch(config, case.rows, case.length), mesh)
+    ones = np.ones(case.rows, np.float32)  # one step slot a row
+    ones = jax.device_put(ones, fns.row_shardings(ones))
     rows = RowTargets(ones, ones, Scores(None, None, None))
 
     def step(state):
-        acc = steps.zeros(state.params, mb, rows)
-        return steps.apply(state, steps.accumulate(state.params, acc, mb, rows))
+        acc = fns.zeros(state.params, mb, rows)
+        return fns.apply(state, fns.accumulate(state.params, acc, mb, rows))
 
+    start = time.perf_counter()
+    exe = fns.compile_accumulate(state.params, fns.accumulator_shapes(state.params, mb, rows), mb, rows)
+    accumulate_compile = time.perf_counter() - start
+    print(json.dumps({"device": jax.devices()[0].device_kind, "plan_bytes": xla_bytes(exe),
+                      "accumulate_compile_s": accumulate_compile}), flush=True)
     start = time.perf_counter()
     state, metrics = step(state)
     jax.block_until_ready(metrics)
     first = time.perf_counter() - start
     times = []
-    for _ in range(job.steps):
+    for _ in range(case.steps):
         start = time.perf_counter()
         state, metrics = step(state)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
-    peak, source = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use"), "memory_stats"
-    if peak is None:  # CPU: XLA's analysis of the compiled accumulate step
-        exe = steps.compile_accumulate(state.params, steps.accumulator_shapes(state.params, mb, rows), mb, rows)
-        peak, source = xla_bytes(exe), "xla_memory_analysis"
-    return {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
-            "peak_bytes": int(peak), "peak_source": source, "loss": float(metrics["loss/total"])}
+    peak, source = device_peak_bytes(exe)
+    steady = statistics.median(times)
+    return {"step_s": steady, "compile_s": accumulate_compile + first - steady,
+            "peak_bytes": peak, "peak_source": source, "loss": float(metrics["loss/total"])}
+
+
+def device_peak_bytes(exe) -> tuple[int, str]:
+    """(bytes, source): the device allocator's peak, or where it keeps none (CPU) XLA's memory
+    analysis of `exe`, the compiled step."""
+    import jax
+
+    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    return (int(peak), "memory_stats") if peak is not None else (xla_bytes(exe), "xla_memory_analysis")
 
 
 def xla_bytes(exe) -> int:
@@ -152,7 +170,7 @@ def xla_bytes(exe) -> int:
     return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
 
 
-def compile_jax(job: Job) -> dict:
+def compile_jax(case: Case) -> dict:
     """Compile ours without running it (no parameter memory): XLA's memory analysis of the
     accumulate step (forward + backward) and the compile time, for shapes this host cannot run."""
     import jax
@@ -160,19 +178,19 @@ def compile_jax(job: Job) -> dict:
     from dart_jax.models.qwen25vl import abstract_model
     from dart_jax.models.sharding import make_mesh
     from dart_jax.train.config import TrainerConfig
-    from dart_jax.train.step import RowTargets, Scores, Steps
+    from dart_jax.train.step import RowTargets, Scores, TrainFunctions
 
-    config = model_config(job.size)
-    graphdef, params = abstract_model(config, dtype=job.dtype)
-    cfg = TrainerConfig(mode="sft", compute_dtype=job.dtype, remat=job.remat)
-    steps = Steps(graphdef, params, cfg, make_mesh(1, 1, 1))
+    config = model_config(case.size)
+    graphdef, params = abstract_model(config, dtype=case.dtype)
+    cfg = TrainerConfig(mode="sft", compute_dtype=case.dtype, remat=case.remat)
+    fns = TrainFunctions(graphdef, params, cfg, make_mesh(1, 1, 1))
     sds = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
     params = jax.tree.map(sds, params)
-    mb = jax.tree.map(sds, synthetic_batch(config, job.rows, job.length))
-    ones = jax.ShapeDtypeStruct((job.rows,), np.float32)
+    mb = jax.tree.map(sds, synthetic_batch(config, case.rows, case.length))
+    ones = jax.ShapeDtypeStruct((case.rows,), np.float32)
     rows = RowTargets(ones, ones, Scores(None, None, None))
     start = time.perf_counter()
-    exe = steps.compile_accumulate(params, steps.accumulator_shapes(params, mb, rows), mb, rows)
+    exe = fns.compile_accumulate(params, fns.accumulator_shapes(params, mb, rows), mb, rows)
     m = exe.memory_analysis()
     return {"compile_s": time.perf_counter() - start, "temp_bytes": m.temp_size_in_bytes,
             "argument_bytes": m.argument_size_in_bytes, "peak_bytes": xla_bytes(exe),
@@ -181,13 +199,13 @@ def compile_jax(job: Job) -> dict:
 
 # ---- transformers + torch -------------------------------------------------------------
 
-def run_torch(job: Job) -> dict:
+def run_torch(case: Case) -> dict:
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    hf_config = Qwen2_5_VLConfig(**model_config(job.size).to_hf())
+    hf_config = Qwen2_5_VLConfig(**model_config(case.size).to_hf())
     hf_config._attn_implementation = "sdpa"
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration(hf_config).train()
@@ -195,8 +213,8 @@ def run_torch(job: Job) -> dict:
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=cuda)
     gen = torch.Generator(device).manual_seed(0)
-    ids = torch.randint(0, hf_config.text_config.vocab_size, (job.rows, job.length), device=device, generator=gen)
-    compute = getattr(torch, job.dtype)
+    ids = torch.randint(0, hf_config.text_config.vocab_size, (case.rows, case.length), device=device, generator=gen)
+    compute = getattr(torch, case.dtype)
 
     def step() -> float:
         with torch.autocast(device, dtype=compute, enabled=compute != torch.float32):
@@ -211,48 +229,59 @@ def run_torch(job: Job) -> dict:
     step()
     first = time.perf_counter() - start
     times = []
-    for _ in range(job.steps):
+    for _ in range(case.steps):
         start = time.perf_counter()
         loss = step()
         times.append(time.perf_counter() - start)
     peak = int(torch.cuda.max_memory_allocated()) if cuda else None
     return {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
-            "peak_bytes": peak, "peak_source": "max_memory_allocated" if cuda else None, "loss": loss}
+            "peak_bytes": peak, "peak_source": "max_memory_allocated" if cuda else None, "loss": loss,
+            "device": torch.cuda.get_device_name() if cuda else "cpu"}
 
 
 # ---- driver ---------------------------------------------------------------------------
 
-def measure(job: Job, timeout: int) -> dict:
-    """One job in a fresh process: its figures, or why there are none."""
-    cmd = [sys.executable, "-m", "benchmarks.train_step", "--worker", json.dumps(dataclasses.asdict(job))]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": f"timeout after {timeout} s"}
-    lines = out.stdout.strip().splitlines()
-    if out.returncode or not lines:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
-        oom = any(w in out.stderr for w in ("RESOURCE_EXHAUSTED", "OutOfMemoryError", "out of memory"))
-        return {"status": "out of memory" if oom else f"failed: {tail[0][:300]}"}
-    return {"status": "ok", **json.loads(lines[-1])}
+def measure(case: Case, timeout: float) -> dict:
+    """One case in a fresh process: its figures, or why there are none."""
+    return run_worker("benchmarks.train_step", dataclasses.asdict(case), timeout)
 
 
-def summarize(job: Job, res: dict, peak: float | None) -> dict:
+def summarize(case: Case, res: dict, peak_tflops: float | None = None) -> dict:
+    """The worker's figures plus tokens/s and MFU (peak by the device the worker reported)."""
     if res["status"] != "ok" or "step_s" not in res:
         return res
-    tokens = job.rows * job.length
+    peak = peak_flops(res.get("device", ""), peak_tflops)
+    tokens = case.rows * case.length
     tps = tokens / res["step_s"]
-    mfu = tps * flops_per_token(model_config(job.size), job.length) / peak if peak else None
-    return {**res, "tokens_per_s": tps, "mfu": mfu}
+    mfu = tps * flops_per_token(model_config(case.size), case.length) / peak if peak else None
+    return {**res, "tokens_per_s": tps, "mfu": mfu, "peak_flops": peak}
+
+
+def measure_row(size: str, length: int, tokens_per_step: int, frameworks, *, steps: int, dtype: str,
+                remat: str, timeout, peak_tflops: float | None = None) -> dict:
+    """Every framework on one (size, length), each in its own process, and ours over theirs.
+    `timeout()` gives the seconds the next case may take, or None to skip it."""
+    row = {"size": size, "length": length, "rows": max(1, tokens_per_step // length)}
+    for fw in frameworks:
+        case = Case(fw, size, length, row["rows"], steps, dtype, remat)
+        limit = timeout()
+        skipped = {"status": "skipped: out of time"}
+        row[fw] = skipped if limit is None else summarize(case, measure(case, limit), peak_tflops)
+    ours, ref = row.get("jax", {}), row.get("torch", {})
+    if ours.get("status") == ref.get("status") == "ok":
+        row["speedup_vs_torch"] = ours["tokens_per_s"] / ref["tokens_per_s"]
+    return row
+
+
+_PROBE = ("import json, jax; d = jax.devices()[0]; print(json.dumps({'backend': jax.default_backend(), "
+          "'device': d.device_kind, 'devices': jax.device_count(), 'jax': jax.__version__}))")
 
 
 def machine() -> dict:
-    import jax
-
-    dev = jax.devices()[0]
+    """This host and its accelerator, asked in a child process (the device is left free)."""
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300, check=True)
     return {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "backend": jax.default_backend(), "device": dev.device_kind, "devices": jax.device_count(),
-            "jax": jax.__version__}
+            **json.loads(out.stdout.strip().splitlines()[-1])}
 
 
 def main() -> None:
@@ -271,9 +300,9 @@ def main() -> None:
                     help="ours only, compiled not run: XLA's memory analysis and compile time")
     args = ap.parse_args()
     if args.worker:
-        job = Job(**json.loads(args.worker))
-        run = {"jax": run_jax, "jax-compile": compile_jax, "torch": run_torch}[job.framework]
-        print(json.dumps(run(job)))
+        case = Case(**json.loads(args.worker))
+        run = {"jax": run_jax, "jax-compile": compile_jax, "torch": run_torch}[case.framework]
+        print(json.dumps(run(case)))
         return
     info = machine()
     small = info["backend"] == "cpu" and not args.compile_only  # compiling needs no device memory
@@ -282,16 +311,12 @@ def main() -> None:
     per_step = args.tokens_per_step or (2048 if small else 32768)
     dtype = args.dtype or ("float32" if small else "bfloat16")
     peak = peak_flops(info["device"], args.peak_tflops)
+    frameworks = ["jax-compile"] if args.compile_only else args.frameworks.split(",")
     results = []
     for size in sizes:
         for length in lengths:
-            row = {"size": size, "length": length, "rows": max(1, per_step // length)}
-            for fw in ["jax-compile"] if args.compile_only else args.frameworks.split(","):
-                job = Job(fw, size, length, row["rows"], args.steps, dtype, args.remat)
-                row[fw] = summarize(job, measure(job, args.timeout), peak)
-            ours, ref = row.get("jax", {}), row.get("torch", {})
-            if ours.get("status") == ref.get("status") == "ok":
-                row["speedup_vs_torch"] = ours["tokens_per_s"] / ref["tokens_per_s"]
+            row = measure_row(size, length, per_step, frameworks, steps=args.steps, dtype=dtype, remat=args.remat,
+                              timeout=lambda: args.timeout, peak_tflops=args.peak_tflops)
             print(json.dumps(row), file=sys.stderr, flush=True)
             results.append(row)
     print(json.dumps({"benchmark": "train_step", "formula": FORMULA, "peak_flops": peak, "dtype": dtype,

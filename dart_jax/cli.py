@@ -5,7 +5,9 @@
     dart-jax keys keys/ trainer
 
 Role subcommands import only their role's code, so an env host never loads JAX and a TPU
-trainer never loads torch. A bad config or argument prints one line and exits 2.
+trainer never loads torch: each subcommand imports its own code inside its function, the
+one deliberate place for imports within functions. A bad config, path, id or value prints
+one line and exits 2.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _load_run_config(args: argparse.Namespace):
-    from dart_jax.run.schema import RunConfig
+    from dart_jax.config.schema import RunConfig
     return config_lib.load(RunConfig, args.config, args.overrides)
 
 
@@ -87,9 +89,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
-    from dart_jax.run import evaluate
-    cfg, run = _role_setup(args, f"eval-{args.label}")
-    print(json.dumps(evaluate.main(cfg, run, args.policy, args.label)))
+    from dart_jax.eval import main
+    cfg, run = _role_setup(args, f"eval-{main.check_label(args.label)}")
+    print(json.dumps(main.main(cfg, run, args.policy, args.label)))
     return 0
 
 
@@ -100,19 +102,33 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ping(args: argparse.Namespace) -> int:
+    """Exit 0 when the server of LINK answers Ping within --timeout, else 1 (a liveness probe)."""
+    import dataclasses
+    from dart_jax.wire import Client, RemoteError, WireTimeout
+    from dart_jax.wire.messages import Ping
+    cfg = _load_run_config(args)
+    section, name = args.link.split(".")
+    wire = dataclasses.replace(getattr(getattr(cfg, section), name), timeout_s=args.timeout)
+    try:
+        with Client(wire) as client:
+            client.request(Ping())
+    except (WireTimeout, RemoteError) as e:
+        print(f"dart-jax: ping {args.link} ({wire.endpoint}): {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    from dart_jax.run import plan
+    from dart_jax.capacity import plan
     return plan.main(_load_run_config(args), str(args.config), strict=args.strict)
 
 
 def cmd_tpu(args: argparse.Namespace) -> int:
-    from dart_jax.run import tpu
+    from dart_jax.run.launchers import tpu
     cfg = _load_run_config(args)
     try:
         return tpu.main(args.action, cfg, str(args.config), config_lib.dump(cfg), dry_run=args.dry_run)
-    except tpu.GcloudUnavailable as e:
-        print(f"dart-jax: {e}", file=sys.stderr)
-        return 2
     except tpu.TPUCommandError as e:
         print(f"dart-jax: tpu {args.action}: {e}", file=sys.stderr)
         return 1
@@ -120,35 +136,37 @@ def cmd_tpu(args: argparse.Namespace) -> int:
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     import json
-    from dart_jax.run import hf_commands
-    try:
-        print(json.dumps(hf_commands.export_hf(args.checkpoint_dir, args.out_dir, args.config, args.step, args.dtype)))
-    except hf_commands.HFCommandError as e:
-        print(f"dart-jax: export-hf: {e}", file=sys.stderr)
-        return 2
+    from dart_jax.run import policy
+    print(json.dumps(policy.export_hf(args.checkpoint_dir, args.out_dir, args.config, args.step, args.dtype)))
     return 0
 
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
     import json
-    from dart_jax.run import hf_commands
-    try:
-        print(json.dumps(hf_commands.import_hf(args.hf_dir, args.run_dir)))
-    except hf_commands.HFCommandError as e:
-        print(f"dart-jax: import-hf: {e}", file=sys.stderr)
-        return 2
+    from dart_jax.run import policy
+    print(json.dumps(policy.import_hf(args.hf_dir, args.run_dir)))
     return 0
 
 
+def _add_ping(sub) -> None:
+    ping = sub.add_parser("ping", help="ask a server of the run's config whether it answers (liveness probes)")
+    ping.add_argument("config", type=Path, help="a YAML file in configs/")
+    ping.add_argument("link", choices=("data.wire", "envs.wire"), help="the link whose server is asked")
+    ping.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides (the endpoint to ask at)")
+    ping.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
+    ping.set_defaults(fn=cmd_ping)
+
+
 def _add_scale_commands(sub) -> None:
-    """plan, tpu, export-hf, import-hf (dart_jax.run)."""
+    """plan (dart_jax.capacity), tpu (dart_jax.run.launchers), export-hf, import-hf (dart_jax.run.policy)."""
     plan = _with_config(sub.add_parser("plan", help="per-chip memory estimate of the run's trainer"))
     plan.add_argument("--strict", action="store_true", help="exit 1 when the plan warns (does not fit)")
     plan.set_defaults(fn=cmd_plan)
     tpu = sub.add_parser("tpu", help="the trainer on a Cloud TPU slice (gcloud)").add_subparsers(dest="action",
                                                                                                required=True)
     for action, text in (("submit", "create the slice, install, launch the trainer on every host, follow"),
-                         ("status", "describe the queued resource"), ("logs", "follow worker 0's trainer log"),
+                         ("status", "the queued resource's state and what submit would do"),
+                         ("logs", "follow worker 0's trainer log"), ("stop", "stop the trainer on every host"),
                          ("delete", "delete the slice and its queued resource")):
         p = _with_config(tpu.add_parser(action, help=text))
         p.add_argument("--dry-run", action="store_true", help="print the gcloud commands in order, run nothing")
@@ -174,8 +192,16 @@ def _with_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (`dart-jax: ...`, exit 2), as every command's are."""
+
+    def error(self, message: str):
+        self.exit(2, f"dart-jax: {self.prog.removeprefix('dart-jax').strip() or 'usage'}: {message} "
+                     f"(see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dart-jax", description=__doc__.splitlines()[0])
+    parser = Parser(prog="dart-jax", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     cfg = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
     _with_config(cfg.add_parser("show", help="print the resolved run config")).set_defaults(fn=cmd_config_show)
@@ -199,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("name")
     keys.set_defaults(fn=cmd_keys)
     _add_scale_commands(sub)
+    _add_ping(sub)
     return parser
 
 
@@ -208,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except config_lib.ConfigError as e:
         print(f"dart-jax: config error: {e}", file=sys.stderr)
+        return 2
+    except config_lib.UsageError as e:  # a bad path, id or value the user gave: one line
+        print(f"dart-jax: {args.command}: {e}", file=sys.stderr)
         return 2
 
 

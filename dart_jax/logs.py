@@ -43,4 +43,6 @@ def setup(role: str, log_file: Path | None = None, level: str = "INFO") -> loggi
         root.addHandler(handler)
     logging.Formatter.converter = time.gmtime
     logging.getLogger("absl").setLevel(max(logging.WARNING, root.level))  # orbax narrates every save
+    # JAX tries every backend it knows and tells at INFO that a CPU host has no TPU
+    logging.getLogger("jax._src.xla_bridge").setLevel(max(logging.WARNING, root.level))
     return logging.getLogger(f"dart_jax.{role}")

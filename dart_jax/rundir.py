@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dart_jax.config.loader import UsageError
+
 _SUBDIRS = ("logs", "metrics", "data", "checkpoints", "export")
 
 
@@ -52,10 +54,10 @@ class RunDir:
 
     def policy_dir(self, hf_dir: str = "") -> Path:
         """The run's policy: `hf_dir` (the config's policy.hf_dir), else the policy-init/ that
-        `dart-jax run` builds; FileNotFoundError when it holds no checkpoint."""
+        `dart-jax run` builds; a UsageError when it holds no checkpoint."""
         path = Path(hf_dir) if hf_dir else self.root / "policy-init"
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no policy at {path} (no config.json): set policy.hf_dir or start "
+            raise UsageError(f"no policy at {path} (no config.json): set policy.hf_dir or start "
                                     "the run with `dart-jax run`")
         return path
 
@@ -75,7 +77,7 @@ class MetricsWriter:
         self._file = path.open("a", buffering=1)
         self._tb = None
         if tensorboard_dir is not None:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # only where a writer keeps TensorBoard files
             self._tb = SummaryWriter(str(tensorboard_dir), flush_secs=10)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:

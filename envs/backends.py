@@ -21,11 +21,13 @@ def make_env(spec: SlotSpec, index: int = 0) -> Env:
 
 
 def task_names(spec: SlotSpec) -> list[str]:
-    """The task names a backend serves (OSWorld tasks are files: none are listed)."""
+    """The task names a backend serves (OSWorld: the bundled tasks of the desktop image;
+    other OSWorld tasks travel in their TaskSpec's config)."""
     if isinstance(spec, SyntheticSlots):
         from envs.synthetic import TASKS
         return list(TASKS)
     if isinstance(spec, MiniWoBSlots):
         from envs.miniwob_env import task_names as miniwob_tasks
         return miniwob_tasks()
-    return []
+    from envs.osworld import bundled_tasks
+    return sorted(bundled_tasks())

@@ -61,15 +61,40 @@ class MiniWoBSlots:
 
 
 @dataclasses.dataclass(frozen=True)
+class QemuSettings:
+    """Desktop VMs this host boots itself (OSWorld `provider: qemu`, envs/qemu.py): the
+    image `make setup-vm` builds, KVM where it boots and QEMU's software emulation (TCG)
+    elsewhere, user-mode networking with the guest's port 5000 forwarded to a loopback
+    port, and a memory + disk snapshot taken once the desktop answers, which every reset
+    restores. `host_memory_mib` bounds what this server's VMs may take together (guest
+    memory plus `overhead_mib` each): a config asking for more is refused, and a VM does
+    not start while the host has less memory available than it needs."""
+    image_dir: str = ""  # empty: the image built from this checkout's sources (envs/vm_image.py)
+    accel: Literal["auto", "kvm", "tcg"] = "auto"  # auto: KVM when /dev/kvm opens, else TCG
+    memory_mib: int = bounded(1024, ge=256)
+    cpus: int = bounded(1, ge=1, le=64)
+    overhead_mib: int = bounded(256, ge=0)  # QEMU itself and TCG's translation cache
+    host_memory_mib: int = bounded(8192, ge=256)
+    tb_size_mib: int = bounded(128, ge=16)  # TCG translation cache
+    boot_timeout_s: float = bounded(300.0, gt=0)
+    restore_timeout_s: float = bounded(60.0, gt=0)
+    work_dir: str = ""  # overlays, sockets and console logs; empty: a fresh temporary folder
+    kernel_args: str = "quiet nowatchdog"  # no soft-lockup noise when a loaded host starves the vCPU
+
+
+@dataclasses.dataclass(frozen=True)
 class OSWorldSlots:
     """OSWorld desktops. `provider: remote` talks to an in-VM server at `remote_url`
     (host:5000) without desktop-env; other providers start VMs through desktop-env's
     providers (a separate environment on OSWorld hosts, see envs/osworld.py). A task
     carries its example inline, or names a file by `path` relative to `task_dir` (resolved
-    inside it; empty: no task may name a file on this host)."""
+    inside it; empty: no task may name a file on this host). `provider: qemu` boots the
+    VMs itself (`qemu`), and a task may name a bundled example by its id alone
+    (envs/desktop_tasks). `observe_windows` adds the desktop's window list (title, frame,
+    focus) to each observation's element text; `accessibility_tree` adds the AT-SPI tree."""
     type: Literal["osworld"] = "osworld"
     count: int = bounded(1, ge=1)
-    provider: Literal["remote", "docker", "vmware", "virtualbox", "aws", "azure", "gcp"] = "docker"
+    provider: Literal["remote", "qemu", "docker", "vmware", "virtualbox", "aws", "azure", "gcp"] = "docker"
     remote_urls: tuple[str, ...] = ()  # provider remote: one http://HOST:5000 per slot
     path_to_vm: str = ""
     region: str = ""
@@ -82,6 +107,16 @@ class OSWorldSlots:
     task_dir: str = ""
     settle_s: float = bounded(1.0, ge=0)  # pause after each action before the screenshot
     http_timeout_s: float = bounded(60.0, gt=0)
+    observe_windows: bool = False
+    qemu: QemuSettings = QemuSettings()
+
+    def __post_init__(self) -> None:
+        if self.provider == "qemu":
+            need = self.count * (self.qemu.memory_mib + self.qemu.overhead_mib)
+            if need > self.qemu.host_memory_mib:
+                raise ValueError(f"osworld qemu: {self.count} VMs of {self.qemu.memory_mib} MiB "
+                                 f"(+{self.qemu.overhead_mib} MiB each) need {need} MiB, over "
+                                 f"host_memory_mib {self.qemu.host_memory_mib}")
 
 
 SlotSpec = Union[SyntheticSlots, MiniWoBSlots, OSWorldSlots]
@@ -92,6 +127,7 @@ class EnvServerConfig:
     wire: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5555")
     slots: tuple[SlotSpec, ...] = (SyntheticSlots(count=4),)
     lease_s: float = bounded(60.0, gt=0)  # a client silent this long loses its slot
+    start_timeout_s: float = bounded(600.0, gt=0)  # a backend's start (browser, VM boot), apart from calls
     reset_timeout_s: float = bounded(120.0, gt=0)
     step_timeout_s: float = bounded(60.0, gt=0)
     evaluate_timeout_s: float = bounded(300.0, gt=0)

@@ -30,7 +30,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 
-from envs import dom
+from envs import dom, reaper
 from envs.config import MiniWoBSlots
 from envs.types import Action, Observation, StepResult, Task, TaskError
 
@@ -138,6 +138,7 @@ class MiniWoBEnv:
             except (ProcessLookupError, PermissionError):
                 pass
             process.wait(timeout=10)
+            reaper.forget(process.pid)
 
     def browser_pids(self) -> list[int]:
         """The browser's processes (tests kill them to simulate crashes)."""
@@ -164,6 +165,7 @@ class MiniWoBEnv:
         options.binary_location = self.spec.chrome_binary
         service = Service(self.spec.chromedriver, popen_kw={"start_new_session": True})
         driver = webdriver.Chrome(service=service, options=options)
+        reaper.watch(service.process.pid)  # the browser dies with this server, however it dies
         driver.implicitly_wait(5)
         return driver
 

@@ -15,10 +15,13 @@ Two layers:
 Infeasible tasks are scored the official way: 1 when the agent's last action is FAIL
 (UI-TARS `call_user()`), else 0. Nothing forces a FAIL at the step limit.
 
-`provider: remote` drives an already running VM at `http://HOST:5000`. With desktop-env
-importable it still uses the official setup and evaluator (no snapshot revert: the VM is
-used as it is). Without desktop-env only tasks with no setup steps and the `infeasible`
-evaluator can run (enough for smoke tests of a VM); other tasks are refused on reset.
+`provider: remote` drives an already running VM at `http://HOST:5000`; `provider: qemu`
+boots one VM per slot on this host (envs/qemu.py) and resets it by restoring its ready
+snapshot. With desktop-env importable both use the official setup and evaluator (a remote
+VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
+evaluator lie in envs/osworld_eval's subset run with the official semantics; other tasks
+are refused on reset. Tasks bundled with this repository (envs/desktop_tasks/, for the
+desktop image `make setup-vm` builds) are named by their id alone.
 """
 
 from __future__ import annotations
@@ -26,16 +29,22 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
+import shutil
+import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from PIL import Image
 
 from dart_jax.wire import paths
+from envs import dom, osworld_eval
 from envs.config import OSWorldSlots
 from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
 
@@ -45,6 +54,9 @@ PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
 SPECIAL = {"wait": "WAIT", "finished": "DONE", "call_user": "FAIL"}
 _PYAUTOGUI_KEYS = {"meta": "win", "esc": "esc"}
 _SCROLL_CLICKS = 5
+MAX_REPLY_BYTES = 64 << 20  # the VM's answers are read up to this (a screenshot is ~1 MiB)
+MAX_ELEMENTS = 400  # lines of window / accessibility text per observation
+BUNDLED_TASKS = Path(__file__).resolve().parent / "desktop_tasks"
 
 
 # ---- tasks -------------------------------------------------------------------------------
@@ -96,16 +108,26 @@ def task_spec(example: dict, split: str = "train") -> Any:
                     split=split, config=json.dumps({"example": example}))
 
 
+def bundled_tasks() -> dict[str, dict]:
+    """The OSWorld-format tasks of the desktop image, by id (envs/desktop_tasks/*.json)."""
+    return {t["id"]: t for t in (load_task(p) for p in sorted(BUNDLED_TASKS.glob("*.json")))}
+
+
 def _example(task: Task, task_dir: str) -> dict:
     """The task's example: inline (`example`, a JSON object: a string would be read as a
-    file name) or the file `path` names, confined to `task_dir` (tasks come off the wire)."""
+    file name), the file `path` names, confined to `task_dir` (tasks come off the wire),
+    or a bundled task named by its id."""
     if "example" in task.config:
         if not isinstance(task.config["example"], dict):
             raise TaskError(f"task {task.id}: config 'example' must be a JSON object")
         return load_task(task.config["example"])
     if "path" in task.config:
         return load_task(_task_file(task, task_dir))
-    raise TaskError(f"task {task.id}: config needs 'example' (an OSWorld task JSON) or 'path'")
+    bundled = bundled_tasks()
+    if task.name in bundled:
+        return bundled[task.name]
+    raise TaskError(f"task {task.id}: config needs 'example' (an OSWorld task JSON) or 'path', "
+                    f"or the name of a bundled task ({', '.join(sorted(bundled))})")
 
 
 def _task_file(task: Task, task_dir: str) -> Path:
@@ -184,20 +206,103 @@ class VMClient:
             raise EnvError(f"{self.url}/accessibility: unexpected answer ({e})") from None
 
     def execute(self, command: str) -> dict:
-        body = json.dumps({"command": ["python", "-c", PYAUTOGUI_PREFIX + command], "shell": False})
-        try:
-            return json.loads(self._call("POST", "/execute", body.encode()))
-        except ValueError as e:
-            raise EnvError(f"{self.url}/execute: unexpected answer ({e})") from None
+        return self.post_json("/execute", {"command": ["python", "-c", PYAUTOGUI_PREFIX + command], "shell": False})
 
-    def _call(self, method: str, path: str, body: bytes | None = None) -> bytes:
+    def post_json(self, path: str, body: dict, parse: bool = True) -> Any:
+        data = self._call("POST", path, json.dumps(body).encode())
+        if not parse:
+            return data
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise EnvError(f"{self.url}{path}: unexpected answer ({e})") from None
+
+    def windows(self) -> tuple[list[tuple[str, str, tuple[int, int, int, int]]], str]:
+        """([(window id, title, (x, y, w, h))], the active window's id) through wmctrl."""
+        reply = self.post_json("/execute", {"command": "wmctrl -lG; echo active $(xdotool getactivewindow)",
+                                            "shell": True})
+        found, active = [], ""
+        for line in str(reply.get("output", "")).splitlines():
+            parts = line.split(None, 7)
+            if parts[:1] == ["active"] and len(parts) == 2 and parts[1].isdigit():
+                active = f"0x{int(parts[1]):08x}"
+            elif len(parts) >= 7 and parts[0].startswith("0x") and all(p.lstrip("-").isdigit() for p in parts[2:6]):
+                found.append((parts[0], parts[7] if len(parts) == 8 else "", tuple(int(p) for p in parts[2:6])))
+        return found, active
+
+    def file(self, path: str) -> bytes | None:
+        """The VM's file at `path` (/file), or None when it does not exist."""
+        try:
+            return self._call("POST", "/file", urlencode({"file_path": path}).encode(),
+                              "application/x-www-form-urlencoded")
+        except _NotFound:
+            return None
+
+    def upload(self, data: bytes, path: str) -> None:
+        if any(c in path for c in '\r\n"'):
+            raise TaskError(f"upload path {path!r}: no quotes or line breaks")
+        boundary = uuid.uuid4().hex
+        body = (f'--{boundary}\r\nContent-Disposition: form-data; name="file_path"\r\n\r\n{path}\r\n'
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file_data"; filename="upload"\r\n'
+                f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+        self._call("POST", "/setup/upload", body, f"multipart/form-data; boundary={boundary}")
+
+    def _call(self, method: str, path: str, body: bytes | None = None,
+              content_type: str = "application/json") -> bytes:
         request = urllib.request.Request(self.url + path, data=body, method=method,
-                                         headers={"Content-Type": "application/json"} if body else {})
+                                         headers={"Content-Type": content_type} if body is not None else {})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return response.read()
+                data = response.read(MAX_REPLY_BYTES + 1)
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                raise _NotFound(path) from None
+            raise EnvError(f"{method} {self.url}{path} failed: HTTP {e.code}: {e.read(500)!r}") from None
         except (urllib.error.URLError, OSError) as e:
             raise EnvError(f"{method} {self.url}{path} failed: {e}") from None
+        if len(data) > MAX_REPLY_BYTES:
+            raise EnvError(f"{method} {self.url}{path}: answer over {MAX_REPLY_BYTES} bytes")
+        return data
+
+
+class _NotFound(EnvError):
+    """The VM's server answered 404."""
+
+
+# ---- observations as element text ----------------------------------------------------------
+
+_CP = "{https://accessibility.ubuntu.example.org/ns/component}"
+_ST = "{https://accessibility.ubuntu.example.org/ns/state}"
+_PAIR = re.compile(r"\((-?\d+), (-?\d+)\)")
+
+
+def window_lines(windows, active: str, start: int = 1) -> list[str]:
+    """The window list as envs.dom lines: `[n] window "title" (x,y,w,h) focused`."""
+    return [dom.format_element(start + i, "window", title, box, focused=wid == active)
+            for i, (wid, title, box) in enumerate(windows[:MAX_ELEMENTS])]
+
+
+def accessibility_lines(xml: str, start: int = 1) -> list[str]:
+    """OSWorld's accessibility tree (XML) as envs.dom lines: every showing element with a
+    place on screen and a name or text, as OSWorld's agents linearize it."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as e:
+        raise EnvError(f"the VM's accessibility tree is not XML: {e}") from None
+    lines = []
+    for node in root.iter():
+        coord, size = _PAIR.fullmatch(node.get(f"{_CP}screencoord", "")), _PAIR.fullmatch(node.get(f"{_CP}size", ""))
+        label, text = node.get("name", ""), (node.text or "").strip()
+        if coord is None or size is None or not (label or text) or node.get(f"{_ST}showing") != "true":
+            continue
+        box = (*map(int, coord.groups()), *map(int, size.groups()))
+        if box[2] <= 0 or box[3] <= 0:
+            continue
+        lines.append(dom.format_element(start + len(lines), node.tag, label or text, box,
+                                        value=text if label else "", focused=node.get(f"{_ST}focused") == "true"))
+        if len(lines) == MAX_ELEMENTS:
+            break
+    return lines
 
 
 # ---- the environment ---------------------------------------------------------------------
@@ -209,10 +314,12 @@ class OSWorldEnv:
         self.spec = spec
         self.desktop = None  # desktop_env.DesktopEnv when the package is importable
         self.vm: VMClient | None = None
-        if spec.provider == "remote":
-            self.vm = VMClient(spec.remote_urls[index], spec.http_timeout_s)
+        self.machine = None  # envs.qemu.QemuVM for provider qemu
+        if spec.provider in ("remote", "qemu"):
+            url = spec.remote_urls[index] if spec.provider == "remote" else self._boot(index)
+            self.vm = VMClient(url, spec.http_timeout_s)
             if _desktop_env_available():
-                self.desktop = _remote_desktop_env(spec.remote_urls[index], spec)
+                self.desktop = _remote_desktop_env(url, spec)
         else:
             if not _desktop_env_available():
                 raise EnvError(f"OSWorld provider {spec.provider!r} needs the desktop-env package "
@@ -225,22 +332,30 @@ class OSWorldEnv:
                                       require_a11y_tree=spec.accessibility_tree, os_type=spec.os_type)
         self.example: dict | None = None
         self.history: list[str] = []
+        # files the evaluator fetches from the VM land here (made on first use)
+        self.cache = Path(tempfile.gettempdir()) / f"dart-osworld-cache-{uuid.uuid4().hex[:12]}"
+
+    def _boot(self, index: int) -> str:
+        from envs.qemu import QemuVM
+        self.machine = QemuVM(self.spec.qemu, (self.spec.screen_width, self.spec.screen_height), f"slot{index}")
+        return self.machine.start().url
 
     def reset(self, task: Task) -> Observation:
         example = _example(task, self.spec.task_dir)
-        self.history = []
+        if self.desktop is None and (missing := osworld_eval.unsupported(example)):
+            raise TaskError(f"OSWorld task {example['id']} uses {', '.join(missing)}: outside this host's "
+                            "subset (envs/osworld_eval.py); install desktop-env for the rest")
+        self.example, self.history = None, []
+        if self.machine is not None:
+            self.machine.restore()
         if self.desktop is not None:
-            if self.spec.provider == "remote":
-                self.desktop.is_environment_used = False  # a remote VM cannot be reverted
+            self.desktop.is_environment_used = False  # reverted above, or a remote VM used as it is
             obs = self.desktop.reset(task_config=example)
-            png, tree = obs["screenshot"], obs.get("accessibility_tree")
-        else:
-            if example.get("config") or example["evaluator"]["func"] != "infeasible":
-                raise TaskError(f"OSWorld task {example['id']} needs desktop-env for its setup "
-                                "or evaluator; install it on this host")
-            png, tree = self.vm.screenshot(), self._tree()
+            self.example = example
+            return self._observation(obs["screenshot"], obs.get("accessibility_tree"))
+        self._runner().setup(list(example.get("config") or []))
         self.example = example
-        return self._observation(png, tree)
+        return self._observe()
 
     def step(self, action: Action) -> StepResult:
         if self.example is None:
@@ -253,22 +368,33 @@ class OSWorldEnv:
         if command not in SPECIAL.values():
             self.vm.execute(command)
         time.sleep(self.spec.settle_s * (2 if command == "WAIT" else 1))
-        return StepResult(self._observation(self.vm.screenshot(), self._tree()), command in ("DONE", "FAIL"))
+        return StepResult(self._observe(), command in ("DONE", "FAIL"))
 
     def evaluate(self) -> float:
         if self.example is None:
             raise RuntimeError("evaluate before reset")
         if self.desktop is not None:
             return float(self.desktop.evaluate())
-        # Only `infeasible` tasks get here (reset refused the rest): the official rule.
-        return 1.0 if self.history and self.history[-1] == "FAIL" else 0.0
+        last = self.history[-1] if self.history else None
+        return self._runner().evaluate(self.example["evaluator"], last)
 
     def close(self) -> None:
-        if self.desktop is not None and self.spec.provider != "remote":
+        if self.desktop is not None and self.spec.provider not in ("remote", "qemu"):
             self.desktop.close()
+        self.kill()
 
-    def _tree(self) -> str:
-        return self.vm.accessibility() if self.spec.accessibility_tree else ""
+    def kill(self) -> None:
+        """Stop the VM this slot booted (a no-op for VMs it did not start)."""
+        if self.machine is not None:
+            self.machine.kill()
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+    def _runner(self) -> osworld_eval.Runner:
+        return osworld_eval.Runner(self.vm, (self.spec.screen_width, self.spec.screen_height), self.cache,
+                                   self.spec.task_dir)
+
+    def _observe(self) -> Observation:
+        return self._observation(self.vm.screenshot(), self.vm.accessibility() if self.spec.accessibility_tree else "")
 
     def _observation(self, png: bytes | None, tree: str | None) -> Observation:
         if not png:
@@ -277,7 +403,10 @@ class OSWorldEnv:
             width, height = Image.open(io.BytesIO(png)).size
         except Exception as e:
             raise EnvError(f"the VM's screenshot is unreadable: {e}") from None
-        return Observation(png, width, height, self.example["instruction"], tree or "")
+        lines = window_lines(*self.vm.windows()) if self.spec.observe_windows and self.vm else []
+        if tree:
+            lines += accessibility_lines(tree, start=len(lines) + 1)
+        return Observation(png, width, height, self.example["instruction"], "\n".join(lines))
 
 
 def _desktop_env_available() -> bool:

@@ -8,7 +8,8 @@ text as actions, and releases it (messages: dart_jax.wire.messages, env server s
 
 Faults stay inside their slot: a call that raises or overruns its deadline ends the
 episode as `env_error`, and the slot's backend is killed and restarted before it serves
-again. A lease whose client stops talking for `lease_s` is reclaimed. Bad requests get
+again. Starting a backend (a browser, a VM's boot) has its own deadline (`start_timeout_s`),
+so a call that finds its backend still starting waits for it without spending its own. A lease whose client stops talking for `lease_s` is reclaimed. Bad requests get
 typed error replies (the wire Server turns anything else into an `internal` error).
 """
 
@@ -22,7 +23,7 @@ import signal
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -71,10 +72,12 @@ class Lease:
 class Slot:
     """One environment, its thread, its lease and its counters."""
 
-    def __init__(self, index: int, spec: SlotSpec, spec_index: int):
+    def __init__(self, index: int, spec: SlotSpec, spec_index: int, start_timeout_s: float = 600.0):
         self.index, self.spec, self.spec_index = index, spec, spec_index
         self.backend = spec.type
         self.env: Env | None = None
+        self.start_timeout_s = start_timeout_s
+        self.starting: Future | None = None  # the backend's start on the slot thread
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"slot{index}")
         self.lease: Lease | None = None
         self.episode: Episode | None = None
@@ -96,20 +99,33 @@ class Slot:
         self.episodes = self.steps = 0
 
     def call(self, fn: Callable[[Env], Any], timeout_s: float) -> Any:
-        """`fn(env)` on the slot thread (starting the backend if needed) within `timeout_s`."""
+        """`fn(env)` on the slot thread within `timeout_s`, once the backend has started
+        (within `start_timeout_s`; a start that fails raises its error here)."""
         self.call_start = start = time.monotonic()
-        future = self.pool.submit(lambda: fn(self._ensure_env()))
         try:
-            return future.result(timeout_s)
-        except FutureTimeout:
-            self._abandon()
-            raise EnvError(f"slot {self.index}: no answer in {timeout_s:g} s") from None
+            if self.env is None:
+                self._wait_started()
+            future = self.pool.submit(lambda: fn(self._ensure_env()))
+            try:
+                return future.result(timeout_s)
+            except FutureTimeout:
+                self._abandon()
+                raise EnvError(f"slot {self.index}: no answer in {timeout_s:g} s") from None
         finally:
             self.call_start = None
             self.busy_s += time.monotonic() - max(start, self.window_start)
 
+    def _wait_started(self) -> None:
+        starting = self.starting if self.starting is not None and not self.starting.done() else self._start()
+        try:
+            starting.result(self.start_timeout_s)
+        except FutureTimeout:
+            self._abandon()
+            raise EnvError(f"slot {self.index}: the {self.backend} backend did not start in "
+                           f"{self.start_timeout_s:g} s") from None
+
     def warm(self) -> None:
-        self.pool.submit(self._ensure_env)
+        self._start()
 
     def restart(self) -> None:
         """Kill the backend; a fresh one starts on the slot thread right away."""
@@ -117,15 +133,17 @@ class Slot:
         self.restarting = True
         env, self.env = self.env, None
         _kill(env)
-        self.pool.submit(self._restarted)
+        self._start()
 
-    def _restarted(self) -> None:
-        try:
-            self._ensure_env()
-        except Exception:
-            log.exception("slot %d: %s backend failed to start", self.index, self.backend)
-        finally:
-            self.restarting = False
+    def _start(self) -> Future:
+        self.starting = self.pool.submit(self._ensure_env)
+        self.starting.add_done_callback(self._started)
+        return self.starting
+
+    def _started(self, future: Future) -> None:
+        self.restarting = False
+        if not future.cancelled() and future.exception() is not None:
+            log.error("slot %d: %s backend failed to start: %s", self.index, self.backend, future.exception())
 
     def _ensure_env(self) -> Env:
         if self.env is None:
@@ -191,7 +209,7 @@ class EnvServer:
         self.slots: list[Slot] = []
         for spec in cfg.slots:
             for i in range(spec.count):
-                self.slots.append(Slot(len(self.slots), spec, i))
+                self.slots.append(Slot(len(self.slots), spec, i, cfg.start_timeout_s))
         self.leases: dict[str, Slot] = {}
         self.lock = threading.Lock()
         self.started = time.monotonic()
@@ -239,7 +257,7 @@ class EnvServer:
             free = [s for s in candidates if s.lease is None]
             if not free:
                 raise _Refuse("unavailable", f"all {len(candidates)} slots are leased")
-            slot = min(free, key=lambda s: s.restarting)
+            slot = min(free, key=lambda s: s.restarting or s.env is None)  # a started backend first
             slot.lease = Lease(uuid.uuid4().hex, msg.client_id, time.monotonic() + self.cfg.lease_s)
             slot.episode = None
             self.leases[slot.lease.id] = slot

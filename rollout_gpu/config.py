@@ -22,7 +22,7 @@ from typing import Literal
 
 import msgspec
 
-from dart_jax.agent.prompt import PromptConfig
+from dart_jax.agent.config import PromptConfig
 from dart_jax.config import bounded
 from dart_jax.wire.config import WireConfig
 from dart_jax.wire.messages import Id

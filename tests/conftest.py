@@ -1,5 +1,5 @@
 """Test-wide setup: 8 CPU devices for sharding tests, skips for missing hardware, and the
-session's random seed.
+session's random seed, and the one tiny policy every test shares (`tiny_dir`).
 
 Markers (pyproject.toml): slow, vllm, browser, gpu, tpu, osworld. `make test` runs every
 test this machine can run; a test whose marker names hardware or a service that is absent
@@ -84,6 +84,14 @@ def pytest_runtest_makereport(item, call):
     if report.failed and "seed" in getattr(item, "fixturenames", ()):
         seed = item.config.stash[_SEED]
         report.sections.append(("random seed", f"{seed}: replay with --seed {seed}"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The tests' one tiny Qwen2.5-VL policy directory (weights, tokenizer, processor files),
+    built once a session; tests that change it take a copy."""
+    from dart_jax.models.tiny import make_tiny_hf_dir
+    return make_tiny_hf_dir(tmp_path_factory.mktemp("tiny_hf"))
 
 
 @pytest.fixture

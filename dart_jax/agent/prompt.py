@@ -27,10 +27,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
+from tokenizers import Tokenizer
 
+from dart_jax.agent.config import PromptConfig
 from dart_jax.agent.image_processing import ImageLike, ImageProcessorConfig
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -72,7 +74,7 @@ Action: ...
 # UI-TARS text above is ~540 tokens the policy must learn to look past before it can find
 # the instruction; a model pretrained on it (UI-TARS, DART-GUI) wants it verbatim.
 COMPACT_PROMPT = "Task: {instruction}\n"
-TEMPLATES = {"computer_use": COMPUTER_USE_PROMPT, "compact": COMPACT_PROMPT}
+TEMPLATES = {"computer_use": COMPUTER_USE_PROMPT, "compact": COMPACT_PROMPT}  # PromptConfig.template
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 _POINT_ARG = re.compile(r"(start_box|end_box)='(\([^()']*\))'")
@@ -81,30 +83,6 @@ _POINT_ARG = re.compile(r"(start_box|end_box)='(\([^()']*\))'")
 def history_form(response: str) -> str:
     """A response as it appears in later prompts: points wrapped in box tokens (UI-TARS)."""
     return _POINT_ARG.sub(r"\1='<|box_start|>\2<|box_end|>'", response)
-
-
-@dataclass(frozen=True)
-class PromptConfig:
-    max_images: int = 5
-    max_responses: int = 35
-    language: str = "English"
-    template: Literal["computer_use", "compact"] = "computer_use"  # the first user turn's text
-    # the current screen's elements as text after its screenshot (the env's `dom_text`, each
-    # element with its click point): an accessibility-tree observation beside the pixels
-    screen_text: bool = False
-    # where the task text goes: "first", the first user turn (UI-TARS); "last", the end of the
-    # current user turn, after the screen, so it sits the same few tokens before every response
-    # (a small policy finds a word it must copy at a fixed distance long before it learns to
-    # search the whole context for it)
-    task_position: Literal["first", "last"] = "first"
-
-    def __post_init__(self):
-        if self.max_images < 1 or self.max_responses < 0:
-            raise ValueError("max_images must be >= 1 and max_responses >= 0")
-        if self.task_position not in ("first", "last"):
-            raise ValueError(f"prompt task_position {self.task_position!r}: first or last")
-        if self.template not in TEMPLATES:
-            raise ValueError(f"prompt template {self.template!r}: one of {sorted(TEMPLATES)}")
 
 
 def build_messages(instruction: str, screenshots: Sequence[ImageLike], responses: Sequence[str],
@@ -178,7 +156,6 @@ class PromptBuilder:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, cfg: PromptConfig = PromptConfig()) -> "PromptBuilder":
-        from tokenizers import Tokenizer
         model_dir = Path(model_dir)
         return cls(Tokenizer.from_file(str(model_dir / "tokenizer.json")),
                    ImageProcessorConfig.from_pretrained(model_dir), cfg)

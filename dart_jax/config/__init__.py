@@ -1,6 +1,6 @@
 """Typed configs: frozen dataclasses per role, loaded from configs/*.yaml (see loader)."""
 
-from dart_jax.config.loader import (ConfigError, apply_overrides, bounded, dump, from_dict,
+from dart_jax.config.loader import (ConfigError, UsageError, apply_overrides, bounded, dump, from_dict,
                                     load, to_dict)
 
-__all__ = ["ConfigError", "apply_overrides", "bounded", "dump", "from_dict", "load", "to_dict"]
+__all__ = ["ConfigError", "UsageError", "apply_overrides", "bounded", "dump", "from_dict", "load", "to_dict"]

@@ -16,6 +16,7 @@ Rules (levanter-style):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import types
 import typing
@@ -25,6 +26,7 @@ from typing import Any, Literal, TypeVar, Union
 import yaml
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _RANGE = "dart_jax.range"
 
 
@@ -42,7 +44,12 @@ def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
-class ConfigError(ValueError):
+class UsageError(ValueError):
+    """A problem with what a user gave a command (a config, a path, an id, a value), told in
+    one line; the command exits with code 2."""
+
+
+class ConfigError(UsageError):
     """A config problem, rendered on one line as `source: key: reason`."""
 
     def __init__(self, source: str, key: str, reason: str):
@@ -187,6 +194,7 @@ def _variant_name(cls: type) -> str:
 def _build_dataclass(cls: type, value: Any, source: str, key: str) -> Any:
     if not isinstance(value, dict):
         raise ConfigError(source, key, f"expected a mapping, got {_kind(value)}")
+    value = _renamed(cls, value, source, key)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(map(str, value)) - set(fields))
     if unknown:
@@ -205,6 +213,23 @@ def _build_dataclass(cls: type, value: Any, source: str, key: str) -> Any:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:
         raise ConfigError(source, key, str(e)) from None
+
+
+def _renamed(cls: type, value: dict, source: str, key: str) -> dict:
+    """`value` with the keys a section renamed (its `RENAMED` class attribute, old -> new)
+    under their new names; each old name found is logged once as deprecated."""
+    renamed = getattr(cls, "RENAMED", {})
+    if not any(old in value for old in renamed):
+        return value
+    value = dict(value)
+    for old, new in renamed.items():
+        if old not in value:
+            continue
+        if new in value:
+            raise ConfigError(source, _join(key, old), f"renamed to `{_join(key, new)}`, which is also set: keep one")
+        log.warning("%s: `%s` is deprecated: it is now `%s`", source, _join(key, old), _join(key, new))
+        value[new] = value.pop(old)
+    return value
 
 
 def _with_default_type(f: dataclasses.Field, value: Any) -> Any:

@@ -117,3 +117,33 @@ class DataManagerConfig:
     tasks: TaskSourceConfig = TaskSourceConfig()
     pool: PoolConfig = PoolConfig()
     request_paths: RequestPathsConfig = RequestPathsConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSuite:
+    """Task instances of one backend: each name with seeds 0..train_seeds-1 for training
+    and eval_seed_base.. for evaluation (disjoint, so evaluation never sees a train seed).
+    `config` goes to every task of the suite (the backend's settings, e.g. the synthetic
+    suite's `difficulty` and `words`; the env server checks them when it resets a task)."""
+    backend: str
+    names: tuple[str, ...]
+    train_seeds: int = bounded(8, ge=0)
+    eval_seeds: int = bounded(2, ge=0)
+    eval_seed_base: int = bounded(10_000, ge=0)
+    config: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.eval_seeds and self.eval_seed_base < self.train_seeds:
+            raise ValueError(f"eval seeds from {self.eval_seed_base} overlap train seeds 0..{self.train_seeds - 1}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TasksConfig:
+    """The run's task suites (the `tasks:` section; `job:` is its old name): `dart-jax run`
+    writes them to the task file the data manager loads (`data.tasks.task_file`), and the
+    `demos` phase plays the oracle on them as these settings say."""
+    suites: tuple[TaskSuite, ...] = (
+        TaskSuite(backend="synthetic", names=("click-button", "enter-text", "check-boxes",
+                                              "select-item", "form")),)
+    demo_max_steps: int = bounded(15, ge=1)
+    demo_concurrency: int = bounded(4, ge=1)

@@ -78,7 +78,7 @@ class Scheduler:
             if self.cfg.max_pending and (total := self._trainable(pending, live, latest_version)) >= self.cfg.max_pending:
                 return NoTask(reason=f"{total} rollouts pending (max_pending {self.cfg.max_pending}); "
                                      "waiting for the trainer", retry_after_s=1.0)
-            n, steps = self.plan(task.task_id)
+            n, steps = self.rollout_budget(task.task_id)
             assignment = Assignment(uuid.uuid4().hex, task.task_id, worker_id, session, n,
                                     now + self.cfg.assignment_timeout_s)
             self._assignments[assignment.id] = assignment
@@ -124,7 +124,7 @@ class Scheduler:
         with self._lock:
             self.round = Round(self.round.version, [])
 
-    def plan(self, task_id: str) -> tuple[int, int]:
+    def rollout_budget(self, task_id: str) -> tuple[int, int]:
         """(rollout count, step limit) for the task now."""
         s = curation.success_rate(self.store.recent_outcomes(task_id, self.cfg.success_window))
         lengths = self.store.success_lengths(task_id, self.cfg.length_window)

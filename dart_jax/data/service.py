@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 
 from dart_jax.config import apply_overrides, from_dict, load
@@ -32,8 +33,8 @@ from dart_jax.data.tasks import load_tasks
 from dart_jax.wire import Server, paths
 from dart_jax.wire.messages import (BatchRequest, Error, ExportTrajectories, Exported, Message,
                                     PoolImport, PoolImported, ScreenshotRequest, StatsRequest,
-                                    SubmitTrajectory, TaskRequest, Trajectory, TrajectoryAck, WorkerAck,
-                                    WorkerHeartbeat)
+                                    SubmitTrajectory, TaskRequest, TrainerHeartbeat, TrainerStatus,
+                                    TrainerStatusRequest, Trajectory, TrajectoryAck, WorkerAck, WorkerHeartbeat)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class DataManager:
         self.batches = BatchAssembler(self.store, curation_cfg, self.scheduler if mode == "sync" else None)
         self.latest_version = self.store.latest_version()
         self.writer = ingest.IngestWriter(self.store, cfg.store.group_commit_max, self._committed)
+        self.trainer: tuple[float, TrainerHeartbeat] | None = None  # (when, the trainer's last heartbeat)
 
     def handle(self, msg: Message) -> Message:
         try:
@@ -77,6 +79,11 @@ class DataManager:
                 return serve_screenshots(self.store, msg, self.cfg.wire.max_message_bytes // 2)
             if isinstance(msg, StatsRequest):
                 return stats.collect(self.store, self.cfg.curation, msg.task_ids)
+            if isinstance(msg, TrainerHeartbeat):
+                self.trainer = (time.monotonic(), msg)
+                return self.trainer_status()
+            if isinstance(msg, TrainerStatusRequest):
+                return self.trainer_status()
             if isinstance(msg, PoolImport):
                 return self.import_pool(msg)
             if isinstance(msg, ExportTrajectories):
@@ -88,6 +95,13 @@ class DataManager:
         except NotFoundError as e:
             return Error(code="not_found", message=str(e))
         return Error(code="bad_request", message=f"the data manager does not serve {type(msg).__name__}")
+
+    def trainer_status(self) -> TrainerStatus:
+        if self.trainer is None:
+            return TrainerStatus(seen_s_ago=None)
+        at, beat = self.trainer
+        return TrainerStatus(seen_s_ago=time.monotonic() - at, step=beat.step, policy_version=beat.policy_version,
+                             state=beat.state)
 
     def submit(self, traj: Trajectory) -> TrajectoryAck:
         """Validate, append screenshots, queue for the group commit, and ack once committed."""

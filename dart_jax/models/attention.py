@@ -116,7 +116,7 @@ def cudnn_attention(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, seg_q_BxT, seg_kv_BxT, *, c
 def splash_attention(q_BxTxHxK, k_BxSxGxK, v_BxSxGxK, seg_q_BxT, seg_kv_BxS, *, causal: bool) -> jax.Array:
     """Pallas splash attention, one MQA kernel per (row, KV head); lengths padded to 128.
     Padding queries (id < 0) attend padding keys, so no row of the mask is empty."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk  # TPU kernels: on use
 
     b, t, h, d = q_BxTxHxK.shape
     s, g = k_BxSxGxK.shape[1], k_BxSxGxK.shape[2]
@@ -138,6 +138,7 @@ def splash_attention(q_BxTxHxK, k_BxSxGxK, v_BxSxGxK, seg_q_BxT, seg_kv_BxS, *, 
 
 @functools.lru_cache(maxsize=None)
 def _splash_kernel(t: int, s: int, heads: int, causal: bool, interpret: bool):
+    # TPU kernels, imported on use: hosts that never take this path need not load Pallas' TPU ops
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 

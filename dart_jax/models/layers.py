@@ -6,7 +6,6 @@ its compute `dtype` at use. Kernels are `[in, out]` (torch Linear.weight is `[ou
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tp")
@@ -86,8 +87,6 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh_shap
 
 def param_shardings(state, mesh: Mesh):
     """NamedSharding tree matching an nnx State (or abstract State) whose Params have `logical_axes`."""
-    from flax import nnx
-
     return jax.tree.map(lambda v: var_sharding(v, mesh), state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
 
 from dart_jax.agent.image_processing import ImageProcessorConfig
+from dart_jax.agent.prompt import COMPUTER_USE_PROMPT  # the one copy of the action space
 
 # Qwen2.5-VL's special tokens, in Qwen's id order (151643 ... 151656 in the real vocabulary).
 SPECIAL_TOKENS = (
@@ -110,7 +114,6 @@ EVERYDAY_WORDS = (
 
 def _corpus() -> list[str]:
     """GUI-agent text the BPE is trained on: instructions, thoughts, actions, UI words."""
-    from dart_jax.agent.prompt import COMPUTER_USE_PROMPT  # the one copy of the action space
     widgets = ["button", "link", "checkbox", "text box", "dropdown", "menu", "tab", "slider",
                "search bar", "icon", "dialog", "input field", "radio button", "scroll bar"]
     verbs = ["Click", "Select", "Type", "Enter", "Drag", "Scroll", "Open", "Close", "Find", "Submit"]
@@ -134,8 +137,6 @@ def _corpus() -> list[str]:
 
 def build_tokenizer(vocab_size: int = 2048):
     """Byte-level BPE (Qwen2's pre-tokenizer and decoder) plus the special tokens at the end."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, \
-        processors, trainers
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -273,7 +274,6 @@ def make_tiny_hf_dir(out_dir: str | Path, *, seed: int = 0, **config_overrides) 
     image_cfg = ImageProcessorConfig(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels)
     _write_json(out / "preprocessor_config.json", image_cfg.to_dict())
 
-    from safetensors.numpy import save_file
     save_file(random_weights(spec, vocab_size, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

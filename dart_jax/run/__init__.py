@@ -1,1 +1,1 @@
-"""`dart-jax run`: whole runs. The run config, the supervisor and its launchers, presets."""
+"""`dart-jax run`: orchestration of whole runs: the supervisor, its launchers, the phases."""

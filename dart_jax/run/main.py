@@ -23,29 +23,35 @@ import sys
 import time
 from pathlib import Path
 
+from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import ConfigError, dump, load
+from dart_jax.config.schema import RunConfig
+from dart_jax.data.tasks import suite_tasks, write_task_file
+from dart_jax.eval.stats import load_outcomes, paired_gain
+from dart_jax.observe.learning import first_collapse, success_curve
+from dart_jax.observe.live import Watcher
+from dart_jax.observe.records import RunReader
+from dart_jax.run import demos
+from dart_jax.run.supervisor import RunFailed, Supervisor
 from dart_jax.rundir import MetricsWriter, RunDir
-from dart_jax.run.evaluate import load_outcomes, paired_gain
-from dart_jax.run.schema import RunConfig
-from dart_jax.run.supervisor import RunFailed, Supervisor, env_wires
+from dart_jax.wire import Client
+from dart_jax.wire.messages import PoolImport, PoolImported
+from dart_jax.wire.trajfiles import write_trajectories
 
 log = logging.getLogger(__name__)
 
 
 def prepare(cfg: RunConfig) -> tuple[RunDir, Path]:
     """A fresh run directory with the resolved config, the task file and the policy."""
-    from dart_jax.data.tasks import write_task_file
+    from dart_jax.run.policy import initial_policy  # JAX, loaded only when a run prepares its policy
     root = Path(cfg.run.root) / cfg.run.name
     if (root / "config.yaml").exists():
         raise ConfigError("run config", "run.name", f"run directory {root} exists; choose another run.name")
     if not cfg.data.tasks.task_file:
         raise ConfigError("run config", "data.tasks.task_file", "must name the task list the run writes")
     run = RunDir.create(root, config_yaml=dump(cfg))
-    write_task_file(run.root / cfg.data.tasks.task_file, cfg.job.tasks())
-    if cfg.policy.hf_dir:
-        return run, run.policy_dir(cfg.policy.hf_dir)
-    from dart_jax.models.tiny import make_tiny_hf_dir
-    return run, make_tiny_hf_dir(run.root / "policy-init", seed=cfg.policy.tiny_seed, **cfg.policy.tiny_dict())
+    write_task_file(run.root / cfg.data.tasks.task_file, suite_tasks(cfg.tasks))
+    return run, initial_policy(cfg, run)
 
 
 def with_policy(cfg: RunConfig, policy: Path) -> RunConfig:
@@ -54,16 +60,11 @@ def with_policy(cfg: RunConfig, policy: Path) -> RunConfig:
 
 def demos_phase(cfg: RunConfig, run: RunDir, policy: Path) -> dict:
     """Oracle episodes of every task; train successes -> data/demos -> the experience pool."""
-    from dart_jax.agent.prompt import PromptBuilder
-    from dart_jax.wire.trajfiles import write_trajectories
-    from dart_jax.run import demos
-    from dart_jax.wire import Client
-    from dart_jax.wire.messages import PoolImport, PoolImported
     start = time.monotonic()
-    tasks = cfg.job.tasks()
+    tasks = suite_tasks(cfg.tasks)
     split = {t.task_id: t.split for t in tasks}
-    trajs = asyncio.run(demos.collect(env_wires(cfg)[0], tasks, PromptBuilder.from_pretrained(policy, cfg.rollout.prompt),
-                                      max_steps=cfg.job.demo_max_steps, concurrency=cfg.job.demo_concurrency))
+    trajs = asyncio.run(demos.collect(cfg.env_wires()[0], tasks, PromptBuilder.from_pretrained(policy, cfg.rollout.prompt),
+                                      max_steps=cfg.tasks.demo_max_steps, concurrency=cfg.tasks.demo_concurrency))
     train = [t for t in trajs if t.status == "success" and split[t.task_id] == "train"]
     write_trajectories(run.data / "demos", train, "traj")
     with Client(cfg.data.wire) as dm:
@@ -122,7 +123,21 @@ def rl_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path, view) -
                     "rl_out_of_time": "train/out_of_time" in records[-1],
                     "rl_export": str(export), "checkpoints": str(run.checkpoints),
                     "restarts": {k: v for k, v in sup.restarts().items() if v},
-                    "rl_s": round(time.monotonic() - start, 1)}
+                    "rl_s": round(time.monotonic() - start, 1)} | rollout_learning(cfg, run)
+
+
+def rollout_learning(cfg: RunConfig, run: RunDir) -> dict:
+    """The train rollouts' success (observe/learning.py): its best and last window, and
+    whether it collapsed (fell below half of its best) at which policy version."""
+    reader = RunReader(run.root, cfg.data.store.db_path)
+    try:
+        curve = success_curve(reader.refresh().trajectories)
+    finally:
+        reader.close()
+    collapse = first_collapse(curve)
+    return {"rl_collapsed": collapse is not None, "rl_collapsed_version": None if collapse is None else collapse.version,
+            "rl_rollout_success_best": max((p.success for p in curve), default=None),
+            "rl_rollout_success_last": curve[-1].success if curve else None}
 
 
 def gain(run: RunDir, labels: list[str]) -> dict:
@@ -146,7 +161,6 @@ def run(cfg: RunConfig) -> dict:
     run_dir, policy = prepare(cfg)
     summary: dict = {"run_dir": str(run_dir.root), "mode": cfg.run.mode}
     labels: list[str] = []
-    from dart_jax.run.live import Watcher
     watcher = Watcher(cfg, run_dir)
     with Supervisor(cfg, run_dir) as sup:
         sup.start({"data-manager", "env-server"})

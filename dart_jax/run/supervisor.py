@@ -9,7 +9,8 @@
 Each instance gets its own config file (runs/<name>/roles/<instance>.yaml: the run config
 with that instance's worker id and endpoints) and a launcher (`local` processes here;
 `ray` actors on a cluster, where Ray itself restarts an actor whose process dies: see
-dart_jax.run.ray_launch). An env server a launcher placed on a node of its choosing and
+dart_jax.run.launchers.ray; `tpu`, the trainer on a Cloud TPU slice, watched through its
+heartbeats to the data manager: dart_jax.run.launchers.slice). An env server a launcher placed on a node of its choosing and
 bound to 0.0.0.0 is pinged, and reached by rollout workers, at that node's address.
 Watching: processes are polled, servers (data manager, env servers) are pinged every
 `run.heartbeat_s` and one that misses three pings in a row is killed. A dead instance is
@@ -23,14 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
 from dart_jax.config import dump
 from dart_jax.rundir import RunDir
-from dart_jax.run.launch import Instance, LocalLauncher, Process
-from dart_jax.run.schema import RoleSpec, RunConfig
+from dart_jax.run.launchers.local import Instance, LocalLauncher, Process
+from dart_jax.config.schema import RunConfig
+from dart_jax.run.config import RoleSpec
 from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.messages import Ping
 
@@ -49,6 +52,7 @@ class Member:
     instance: Instance
     spec: RoleSpec
     ping: WireConfig | None  # as the server binds it
+    index: int = 0  # of the instance in its placement row
     process: Process | None = None
     host: str | None = None  # the node it runs on (cluster launchers)
     restarts: int = 0  # the supervisor's
@@ -60,16 +64,27 @@ class Member:
 
 def instance_configs(cfg: RunConfig, role: str, count: int, hosts: dict[str, str] | None = None) -> list[RunConfig]:
     """The config of each instance of `role`: env servers on endpoints of their own, rollout
-    workers with their own ids and every env server's endpoint (an env server bound to all
-    interfaces of a cluster node is reached at that node's address, `hosts`)."""
-    envs = env_wires(cfg)
+    workers with their own ids and every env server's endpoint. A server bound to all
+    interfaces (tcp://0.0.0.0:PORT) is reached at the address of the host it runs on (`hosts`:
+    endpoint -> host): env servers and the trainer's weights by rollout workers, the data
+    manager by rollout workers and the trainer."""
+    hosts = hosts or {}
+    envs = cfg.env_wires()
     if role == "env-server":
         return [dataclasses.replace(cfg, envs=dataclasses.replace(cfg.envs, wire=w)) for w in envs]
-    if role == "rollout":
-        servers = cfg.rollout.env_servers or tuple(_reachable(w, (hosts or {}).get(w.endpoint)) for w in envs)
-        return [dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, worker_id=f"rollout-{i}",
-                                                                     env_servers=servers)) for i in range(count)]
-    return [cfg] * count
+    if role not in ("rollout", "trainer"):
+        return [cfg] * count
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(
+        cfg.data, wire=_reachable(cfg.data.wire, hosts.get(cfg.data.wire.endpoint))))
+    if role == "trainer":
+        return [cfg] * count
+    servers = cfg.rollout.env_servers or tuple(_reachable(w, hosts.get(w.endpoint)) for w in envs)
+    w = cfg.weights
+    cfg = dataclasses.replace(cfg, weights=dataclasses.replace(
+        w, announce=_reachable(w.announce, hosts.get(w.announce.endpoint)),
+        serve=_reachable(w.serve, hosts.get(w.serve.endpoint))))
+    return [dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, worker_id=f"rollout-{i}",
+                                                                 env_servers=servers)) for i in range(count)]
 
 
 def _reachable(wire: WireConfig, host: str | None) -> WireConfig:
@@ -78,34 +93,23 @@ def _reachable(wire: WireConfig, host: str | None) -> WireConfig:
     return dataclasses.replace(wire, endpoint=wire.endpoint.replace("0.0.0.0", host, 1))
 
 
-def env_wires(cfg: RunConfig) -> list[WireConfig]:
-    """The endpoint of each env server of the placement: the configured one, then the next ports."""
-    count = sum(s.count for s in cfg.run.placement if s.role == "env-server") or 1
-    return [dataclasses.replace(cfg.envs.wire, endpoint=_nth_endpoint(cfg.envs.wire.endpoint, i)) for i in range(count)]
-
-
-def _nth_endpoint(endpoint: str, i: int) -> str:
-    if i == 0:
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        host, _, port = endpoint.rpartition(":")
-        return f"{host}:{int(port) + i}"
-    return f"{endpoint}.{i}"
-
-
 class Supervisor:
     def __init__(self, cfg: RunConfig, run: RunDir, launchers: dict | None = None):
         self.cfg, self.run = cfg, run
         self.launchers = launchers or {"local": LocalLauncher()}
         self.members: list[Member] = []
-        self.hosts: dict[str, str] = {}  # env server endpoint -> the node it runs on (Ray)
+        self.hosts: dict[str, str | None] = {}  # server endpoint -> the node it runs on (None: this machine)
         self._stopped: dict[str, int] = {}  # restarts of instances already stopped (an earlier phase)
         self._last_ping = 0.0
 
     def launcher(self, name: str):
+        if name == "tpu" and name not in self.launchers:
+            from dart_jax.run.launchers.slice import SliceLauncher
+            self.launchers[name] = SliceLauncher(self.cfg)
         if name not in self.launchers:  # the Ray launcher connects when a role first needs it
-            from dart_jax.run.ray_launch import RayLauncher
-            self.launchers[name] = RayLauncher(self.cfg.run.ray_address, namespace=f"dart-jax-{self.cfg.run.name}")
+            from dart_jax.run.launchers.ray import RayLauncher  # Ray, an optional dependency: on first use
+            self.launchers[name] = RayLauncher(self.cfg.run.ray_address, namespace=f"dart-jax-{self.cfg.run.name}",
+                                               ready_timeout_s=self.cfg.run.ready_timeout_s)
         return self.launchers[name]
 
     def __enter__(self) -> "Supervisor":
@@ -121,23 +125,28 @@ class Supervisor:
         cfg = cfg or self.cfg
         roles = set(roles)
         for spec in sorted((s for s in cfg.run.placement if s.role in roles), key=lambda s: ORDER.index(s.role)):
-            for i, icfg in enumerate(instance_configs(cfg, spec.role, spec.count, self.hosts)):
+            hosts = {e: h or self.this_host() for e, h in self.hosts.items() if e.startswith("tcp://0.0.0.0:")}
+            for i, icfg in enumerate(instance_configs(cfg, spec.role, spec.count, hosts)):
                 name = spec.role if spec.count == 1 else f"{spec.role}-{i}"
                 config = self.run.root / "roles" / f"{name}.yaml"
                 config.parent.mkdir(exist_ok=True)
                 config.write_text(dump(icfg))
                 ping = icfg.data.wire if spec.role == "data-manager" else icfg.envs.wire if spec.role == "env-server" else None
-                member = Member(Instance(name, spec.role, config, self.run.log_path(f"{name}.out"), extra_args), spec, ping)
+                member = Member(Instance(name, spec.role, config, self.run.log_path(f"{name}.out"), extra_args), spec,
+                                ping, index=i)
                 self._launch(member)
                 self.members.append(member)
-                if spec.role == "env-server" and member.host is not None:
-                    self.hosts[icfg.envs.wire.endpoint] = member.host
+                if member.ping is not None:
+                    self.hosts[member.ping.endpoint] = member.host
+                if spec.role == "trainer":  # process 0 serves the weights
+                    for w in (icfg.weights.announce, icfg.weights.serve):
+                        self.hosts[w.endpoint] = member.host
         for member in self.members:
             if member.instance.role in roles and member.ping is not None:
                 self._wait_ready(member)
 
     def _launch(self, member: Member) -> None:
-        member.process = self.launcher(member.spec.launcher).start(member.instance, member.spec.resources)
+        member.process = self.launcher(member.spec.launcher).start(member.instance, member.spec, member.index)
         member.host = member.process.host() if hasattr(member.process, "host") else None
         member.misses = 0
         log.info("started %s (%s)", member.instance.name, member.spec.launcher)
@@ -156,6 +165,14 @@ class Supervisor:
                     continue
         raise RunFailed(f"{member.instance.name} did not answer within {self.cfg.run.ready_timeout_s:.0f} s "
                         f"(see {member.instance.log})")
+
+    def this_host(self) -> str:
+        """This machine's address as other hosts reach it: Ray's for its node, when a Ray
+        launcher is in use (a cluster on loopback names it so too), else its hostname's."""
+        if "ray" in self.launchers:
+            import ray
+            return ray.util.get_node_ip_address()
+        return socket.gethostbyname(socket.gethostname())
 
     # -- watching
     def poll(self) -> None:
@@ -226,6 +243,9 @@ class Supervisor:
                 member.process.stop()
             self._stopped[name] = self._stopped.get(name, 0) + restarts
         self.members = [m for m in self.members if m.instance.role not in roles]
+        if not self.members:
+            for launcher in self.launchers.values():
+                getattr(launcher, "release", lambda: None)()
 
     @staticmethod
     def _cluster_restarts(process: Process | None) -> int:

@@ -1,58 +1,36 @@
-"""Wire trajectories -> padded, bucketed train arrays, on the host (numpy; no torch).
+"""The trainer's batch types and their shapes: what the train step (step.py) compiles for.
 
-What the train step (step.py) gets: a `TrainBatch`, a frozen pytree dataclass of B rows padded
-to a shape bucket (seq_len T, vision slots S, P step slots a row), so the step compiles once per
-bucket:
+A `TrainBatch` is a frozen pytree dataclass of B rows padded to a shape bucket (seq_len T,
+vision slots S, P step slots a row), so the step compiles once per bucket; `BucketSpec` lists
+the buckets. An `RLBatch` is one curated GRPO batch laid out in microbatches of global rows
+(`StepRef`s: a step of the batch's trajectories with its shape, no pixels), with every kept
+step's reward, group and trajectory listed in layout order (the *_N arrays) so per-step
+values decided over the whole batch reach each microbatch's step slots (`slot_steps`).
 
-    collator = Collator.from_pretrained(hf_dir, BucketSpec(seq_lens=(1024, 4096),
-                                                           num_slots=(512, 2048), rows=8))
-    refs = screens.refs(ti)                   # trajectory ti's screenshots (train/screens.py)
-    shapes = [collator.shape(traj, i, refs) for i in range(len(traj.steps))]   # no pixels
-    fitting = collator.fit(shapes)            # too large for every bucket: dropped, counted
-    pixels = cache.take(collator.screenshots(traj, steps, refs))   # processed once per batch
-    examples = [collator.example(traj, i, refs, pixels) for i in steps]
-    batch = collator.collate(examples)        # smallest bucket that holds them; B = rows
-    batch = collator.collate_rows([[a, b], [c]])   # packed: steps a and b share row 0
-
-Per step, the row is prompt + response ids (T = P + R) with next-token alignment:
-`targets_T[t] = ids[t + 1]`, `loss_mask_T[t] = 1` exactly where ids[t + 1] is a response token
-(t in [P - 1, P + R - 2]), and `rollout_logp_T[t]` the sampler's log-prob of that target. The
-model's logits at position t predict targets_T[t], so `logp_T = token_logprobs(h_T, targets_T)`
-lines up with rollout_logp_T and loss_mask_T directly. Pixel values are rebuilt from the
-step's PNG screenshots with the numpy Qwen2-VL processor (bit-exact with what vLLM saw), and
-`make_inputs` lays out mrope positions and the padded vision windows. Screenshots are named by
-content (`ScreenshotRef`), so shapes come from their recorded sizes and pixels from a per-batch
-cache, whether the bytes travel in the trajectory or are fetched by hash.
-
-Packing: a row may hold up to P = `BucketSpec.pack` steps one after another, numbered 1..k by
-the row's attention mask (make_inputs: each attends to itself only, its positions from 0), so
-short steps fill what would be padding. The model reads rows ([B, T]); everything about steps
-has a step-slot axis: step j of row b is slot (b, j), its per-token arrays (`loss_mask_BxPxT`,
-`rollout_logp_BxPxT`) hold its values at its own positions of row b and 0 elsewhere, and its
-per-step values are [B, P]. Unpacked (P = 1), a slot is a row.
+Sharding: a batch's rows are split over the mesh axes `ROWS`; every host holds its own rows
+(`local_rows`, `host_shard`) and `to_global` makes globally sharded jax.Arrays of them.
 
 Empty slots and padding rows have step_weight_BxP = 0 and an all-zero loss mask; losses must
-weight steps by step_weight_BxP. `group_BxP` numbers the tasks and `traj_BxP` the trajectories
-of the batch in first-appearance order (or by the maps the caller passes, so several
-microbatches of one curated batch share ids for GRPO's group statistics).
+weight steps by step_weight_BxP. Packing (P > 1): step j of row b is slot (b, j), numbered
+j + 1 by the row's attention mask; its per-token arrays hold its values at its own positions
+of row b and 0 elsewhere, and its per-step values are [B, P]. Unpacked (P = 1), a slot is a row.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.hf_io import read_config
-from dart_jax.agent.image_processing import ImageProcessorConfig
-from dart_jax.models.inputs import ModelInputs, make_inputs
-from dart_jax.train.screens import Processed
-from dart_jax.wire.messages import ScreenshotRef, Trajectory
+from dart_jax.models.inputs import ModelInputs
+from dart_jax.train.screens import ScreenSource
+from dart_jax.wire.messages import Trajectory
+
+ROWS = ("data", "fsdp")  # mesh axes of the batch dimension
 
 
 class Shaped(Protocol):
@@ -157,152 +135,82 @@ jax.tree_util.register_dataclass(
     TrainBatch, data_fields=[f.name for f in dataclasses.fields(TrainBatch)], meta_fields=[])
 
 
-def align_step(prompt_ids: np.ndarray, response_ids: np.ndarray, logprobs: np.ndarray):
-    """(input_ids_T, targets_T, loss_mask_T, rollout_logp_T) for one step (module docstring)."""
-    p, r = len(prompt_ids), len(response_ids)
-    if len(logprobs) != r:
-        raise ValueError(f"{len(logprobs)} logprobs for {r} response tokens")
-    if p == 0:
-        raise ValueError("a step needs at least one prompt token")
-    ids = np.concatenate([prompt_ids, response_ids]).astype(np.int32)
-    targets = np.zeros_like(ids)
-    targets[:-1] = ids[1:]
-    mask = np.zeros(len(ids), np.float32)
-    mask[p - 1:p + r - 1] = 1.0
-    logp = np.zeros(len(ids), np.float32)
-    logp[p - 1:p + r - 1] = logprobs
-    return ids, targets, mask, logp
+@dataclass(frozen=True)
+class StepRef:
+    """One step of the source's trajectories, with what it needs of a bucket."""
+    traj: int
+    step: int
+    seq_len: int
+    num_slots: int
 
 
-class Collator:
-    """Steps -> StepExamples -> TrainBatches for one model; counts dropped examples."""
-
-    def __init__(self, config: Qwen25VLConfig, image_cfg: ImageProcessorConfig, buckets: BucketSpec):
-        self.config, self.image_cfg, self.buckets = config, image_cfg, buckets
-        self.dropped = 0  # examples too large for every bucket (never truncated)
-        wp = config.vision.window_patches
-        if any(s % wp for s in buckets.num_slots):
-            raise ValueError(f"BucketSpec.num_slots {buckets.num_slots} must be multiples of {wp}")
-
-    @classmethod
-    def from_pretrained(cls, hf_dir: str | Path, buckets: BucketSpec) -> "Collator":
-        return cls(read_config(hf_dir), ImageProcessorConfig.from_pretrained(hf_dir), buckets)
-
-    def grid_slots(self, t: int, h: int, w: int) -> int:
-        """Vision slots an image of patch grid (t, h, w) takes in make_inputs' window layout:
-        each frame's merged grid is cut into windows, every window padded to full size."""
-        v = self.config.vision
-        windows = lambda n: -(-(n // v.spatial_merge_size) // v.window_merged)  # noqa: E731
-        return int(t * windows(h) * windows(w) * v.window_patches)
-
-    def shape(self, traj: Trajectory, i: int, refs: Sequence[ScreenshotRef]) -> StepShape:
-        """Step i's needs, from the sizes of its screenshots `refs` (no pixels)."""
-        step = traj.steps[i]
-        slots = sum(self.grid_slots(*self.image_cfg.grid_thw(refs[r].height, refs[r].width))
-                    for r in step.image_refs)
-        return StepShape(len(step.prompt_ids) + len(step.response_ids), slots)
-
-    def trainable(self, traj: Trajectory, i: int) -> bool:
-        """Whether step i can be scored exactly: all of its response from one policy version
-        (no weight update landed inside it) and no vision-layout token in the response (a
-        sampled <|image_pad|> or <|video_pad|>, which only an untrained policy emits, would
-        shift where the screenshots go)."""
-        step = traj.steps[i]
-        c = self.config
-        vision = (c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id)
-        return not step.straddles_update and not np.isin(step.response_ids, vision).any()
-
-    def fit(self, items: Sequence) -> list:
-        """The items some bucket holds; the rest are counted in `dropped`."""
-        kept = [x for x in items if self.buckets.fits(x)]
-        self.dropped += len(items) - len(kept)
-        return kept
-
-    @staticmethod
-    def screenshots(traj: Trajectory, steps: Sequence[int], refs: Sequence[ScreenshotRef]) -> list[str]:
-        """The sha256 of every screenshot the given steps show, in prompt order."""
-        return [refs[r].sha256 for i in steps for r in traj.steps[i].image_refs]
-
-    def example(self, traj: Trajectory, i: int, refs: Sequence[ScreenshotRef],
-                pixels: Mapping[str, Processed]) -> StepExample:
-        """Step i as a row; `pixels` holds its screenshots processed (ScreenCache.take)."""
-        step = traj.steps[i]
-        ids, targets, mask, logp = align_step(step.prompt_ids, step.response_ids, step.logprobs)
-        shown = [pixels[refs[r].sha256] for r in step.image_refs]
-        patches = np.concatenate([np.zeros((0, self.config.vision.patch_dim), np.float32)]
-                                 + [p.pixel_values_NxD for p in shown])
-        grids = np.asarray([p.grid_thw for p in shown], np.int64).reshape(-1, 3)
-        slots = sum(self.grid_slots(*g) for g in grids)
-        return StepExample(ids, targets, mask, logp, patches, grids, slots, traj.task_id, traj.traj_id,
-                           float(traj.reward), float(traj.temperature), int(step.policy_version),
-                           traj.source == "demo")
-
-    def collate(self, examples: Sequence[StepExample], bucket: Bucket | None = None, *,
-                groups: Mapping[str, int] | None = None,
-                trajs: Mapping[str, int] | None = None) -> TrainBatch:
-        """One step a row: `collate_rows` with each example in a row of its own."""
-        return self.collate_rows([[e] for e in examples], bucket, groups=groups, trajs=trajs)
-
-    def collate_rows(self, rows: Sequence[Sequence[StepExample]], bucket: Bucket | None = None, *,
-                     groups: Mapping[str, int] | None = None,
-                     trajs: Mapping[str, int] | None = None) -> TrainBatch:
-        """Pad `rows` (each up to `pack` steps, back to back) into one TrainBatch of `bucket.rows`
-        rows (chosen when not given; with a bucket, `rows` may be empty: all padding, as a host's
-        share of a last batch can be). `groups` / `trajs` map task / trajectory ids to ints
-        (first appearance by default)."""
-        shapes = [StepShape(sum(e.seq_len for e in r), sum(e.num_slots for e in r)) for r in rows]
-        bucket = bucket or self.buckets.choose_bucket(shapes)
-        if len(rows) > bucket.rows or any(not 0 < len(r) <= bucket.pack for r in rows):
-            raise ValueError(f"{[len(r) for r in rows]} steps in rows for a bucket of {bucket.rows} "
-                             f"rows of 1..{bucket.pack} steps")
-        steps = [e for r in rows for e in r]
-        groups = groups if groups is not None else dense_ids(e.task_id for e in steps)
-        trajs = trajs if trajs is not None else dense_ids(e.traj_id for e in steps)
-        b, p, t = bucket.rows, bucket.pack, bucket.seq_len
-        placed = [(k, j, sum(x.seq_len for x in r[:j]), e) for k, r in enumerate(rows) for j, e in enumerate(r)]
-
-        def tokens(value, dtype) -> np.ndarray:  # [B, T]: each step's value at its positions
-            out = np.zeros((b, t), dtype)
-            for k, j, at, e in placed:
-                out[k, at:at + e.seq_len] = value(j, e)
-            return out
-
-        def slot_tokens(field: str) -> np.ndarray:  # [B, P, T]: slot (k, j) at its positions
-            out = np.zeros((b, p, t), np.float32)
-            for k, j, at, e in placed:
-                out[k, j, at:at + e.seq_len] = getattr(e, field)
-            return out
-
-        def per_slot(value, dtype) -> np.ndarray:  # [B, P]
-            out = np.zeros((b, p), dtype)
-            for k, j, _, e in placed:
-                out[k, j] = value(e)
-            return out
-
-        pixels = np.concatenate([np.zeros((0, self.config.vision.patch_dim), np.float32)]
-                                + [e.pixel_values_NxD for e in steps])
-        grids = np.concatenate([np.zeros((0, 3), np.int64)] + [e.image_grid_thw_Ix3 for e in steps])
-        sequence_BxT = tokens(lambda j, e: j + 1, np.int32)  # the attention mask numbers a row's steps
-        inputs = make_inputs(self.config, tokens(lambda j, e: e.input_ids_T, np.int32), sequence_BxT,
-                             pixels, grids, seq_len=t, num_slots=bucket.num_slots, packed=p > 1)
-        return TrainBatch(
-            inputs=inputs,
-            targets_BxT=tokens(lambda j, e: e.targets_T, np.int32),
-            loss_mask_BxPxT=slot_tokens("loss_mask_T"),
-            rollout_logp_BxPxT=slot_tokens("rollout_logp_T"),
-            reward_BxP=per_slot(lambda e: e.reward, np.float32),
-            group_BxP=per_slot(lambda e: groups[e.task_id], np.int32),
-            traj_BxP=per_slot(lambda e: trajs[e.traj_id], np.int32),
-            step_weight_BxP=per_slot(lambda e: 1.0, np.float32),
-            temperature_BxP=per_slot(lambda e: e.temperature, np.float32),
-            policy_version_BxP=per_slot(lambda e: e.policy_version, np.int32),
-            is_demo_BxP=per_slot(lambda e: e.is_demo, np.bool_),
-        )
+Row = tuple[StepRef, ...]  # the steps one row holds, back to back
 
 
-def dense_ids(keys) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for k in keys:
-        out.setdefault(k, len(out))
-    return out
+@dataclass(frozen=True)
+class RLBatch:
+    """One curated GRPO batch, laid out in microbatches of rows x hosts rows each.
 
+    The *_N arrays list the kept steps in layout order (microbatch, global row, place in the row;
+    this host's rows start at host_index * rows), and `slot_steps(m)` maps microbatch m's global
+    step slots (row g, slot j: g * pack + j) to them, so per-step values computed over the whole
+    batch (advantages.grpo_step_advantages(reward_N, group_N, traj_N, ones)) reach every
+    microbatch's steps."""
+    batch_id: int
+    trainer_version: int
+    trajectories: tuple[Trajectory, ...]
+    screens: ScreenSource  # the trajectories' screenshots
+    injected: tuple[str, ...]  # trajectory ids the data manager took from the pool
+    layout: tuple[tuple[Row, ...], ...]  # global rows of each microbatch
+    buckets: tuple[Bucket, ...]  # the bucket of each microbatch
+    reward_N: np.ndarray  # float32: every kept step of the batch, in layout order
+    group_N: np.ndarray  # int32: its task id within the batch (= group_BxP's numbering)
+    traj_N: np.ndarray  # int32: its trajectory id within the batch (= traj_BxP's numbering)
+    injected_N: np.ndarray  # bool: its trajectory came from the experience pool (`injected`)
+    dropped: int  # steps too large for every bucket
+    shard: tuple[int, int]
+
+    def __len__(self) -> int:
+        return len(self.layout)
+
+    def slot_steps(self, m: int) -> np.ndarray:
+        """int32 [rows * hosts * pack]: the layout-order step in each global step slot of
+        microbatch m, -1 where a slot or row is empty."""
+        bucket = self.buckets[m]
+        out = np.full(bucket.rows * self.shard[1] * bucket.pack, -1, np.int32)
+        first = sum(len(row) for rows in self.layout[:m] for row in rows)
+        slots = [g * bucket.pack + j for g, row in enumerate(self.layout[m]) for j in range(len(row))]
+        out[slots] = np.arange(first, first + len(slots))
+        return out
+
+
+def host_shard() -> tuple[int, int]:
+    """(this process's index, process count): which rows of a global batch this host builds."""
+    return jax.process_index(), jax.process_count()
+
+
+def _local_rows(refs: Sequence, rows: int, shard: tuple[int, int]) -> list:
+    index, _ = shard
+    return list(refs[index * rows:(index + 1) * rows])
+
+
+def local_rows(rows: Sequence, per_host: int, shard: tuple[int, int]) -> list:
+    """This host's `per_host` rows of a global batch's `rows`."""
+    index, _ = shard
+    return list(rows[index * per_host:(index + 1) * per_host])
+
+
+def batch_specs(batch: TrainBatch, axes: tuple[str, ...] = ROWS) -> TrainBatch:
+    """PartitionSpecs sharding every array's batch dimension over `axes` (position_ids: dim 1)."""
+    rows = PartitionSpec(axes)
+    inputs = jax.tree.map(lambda _: rows, batch.inputs)
+    inputs = dataclasses.replace(inputs, position_ids=PartitionSpec(None, axes))
+    return dataclasses.replace(jax.tree.map(lambda _: rows, batch), inputs=inputs)
+
+
+def to_global(batch: TrainBatch, mesh: Mesh, specs: TrainBatch | None = None) -> TrainBatch:
+    """Host-local rows -> global jax.Arrays on `mesh` (each host passes its own rows)."""
+    specs = specs if specs is not None else batch_specs(batch)
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return jax.make_array_from_process_local_data(shardings, batch)

@@ -18,7 +18,7 @@ stay.
     ckpt.close()                                             # waits for the last save
 
 Restoring reads straight onto the target's shardings, which may differ from the saving run's
-mesh (resharding is orbax's). Typed PRNG keys (`jax.random.key`) are stored as their key data
+mesh (resharding is orbax's); target leaves that are `ocp.PLACEHOLDER` are not read at all. Typed PRNG keys (`jax.random.key`) are stored as their key data
 and rewrapped on restore.
 """
 
@@ -85,6 +85,16 @@ def _key_data_sharding(sharding, ndim: int):
     return sharding
 
 
+def _restore_args(abstract: Any):
+    """Every array of `abstract`, except the leaves that are ocp.PLACEHOLDER: those are left on
+    disk, unread (export restores the parameters without the optimizer state)."""
+    if not any(x is ocp.PLACEHOLDER for x in jax.tree.leaves(abstract)):
+        return ocp.args.StandardRestore(abstract)
+    restore = jax.tree.map(lambda x: x if x is ocp.PLACEHOLDER else ocp.checkpoint_utils.construct_restore_args(x),
+                           abstract)
+    return ocp.args.PyTreeRestore(abstract, restore_args=restore)
+
+
 class Checkpointer:
     """An orbax CheckpointManager for (state pytree, CheckpointMeta) pairs."""
 
@@ -109,7 +119,7 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         self.manager.wait_until_finished()
         abstract = jax.tree.map(lambda x: _abstract_key_data(x) if _is_key(x) else x, target)
-        got = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+        got = self.manager.restore(step, args=ocp.args.Composite(state=_restore_args(abstract),
                                                                  meta=ocp.args.JsonRestore()))
         meta = CheckpointMeta(**got["meta"])
         if config_hash is not None and meta.config_hash != config_hash:

@@ -44,6 +44,18 @@ class LossConfig:
     # "step": group statistics over steps (DART: long trajectories weigh more);
     # "trajectory": over trajectories, and each trajectory's steps share one unit of weight.
     advantage_normalize: Literal["step", "trajectory"] = "step"
+    # the policy the PPO clip (and dual clip) measure the ratio against: "trainer", the
+    # trainer's log-probs before this batch's first update (DART; with one update per batch
+    # the ratio is 1 and no clip ever acts); "behaviour", the log-probs the rollout engine
+    # sampled with, so a token whose probability already moved past the clip since it was
+    # sampled (one version or more ago) is pushed no further. The gradient's importance
+    # weight stays TIS's either way (losses.clipped_policy_loss). Demonstrations, which have
+    # no sampler log-probs, are clipped against the trainer's. Token-level dual clip only.
+    clip_to: Literal["trainer", "behaviour"] = "trainer"
+
+    def __post_init__(self) -> None:
+        if self.clip_to == "behaviour" and self.policy.type != "dual_clip":
+            raise ValueError(f"loss.clip_to behaviour needs the token-level dual clip, not {self.policy.type}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +68,12 @@ class TISConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SelectionConfig:
-    """Keep the top `fraction` of steps by mean token entropy."""
+    """Keep the top `fraction` of steps by mean token entropy (train/selection.py): over the
+    whole batch ("batch"), or per GRPO group and advantage sign with each one's weight
+    restored, so a group's signed weights still sum to zero ("balanced")."""
     enabled: bool = True
     fraction: float = bounded(0.8, gt=0.0, le=1.0)
+    scope: Literal["batch", "balanced"] = "balanced"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,14 +112,6 @@ class KernelConfig:
     """Log-prob kernel chunks; null: chosen per backend and shape (kernels.auto_chunks)."""
     chunk_tokens: Optional[int] = bounded(None, ge=1)
     chunk_vocab: Optional[int] = bounded(None, ge=1)
-
-    def chunks(self, backend: str, tokens: int, vocab: int) -> tuple[int, int]:
-        """(chunk_tokens, chunk_vocab) for `tokens` x `vocab` logits on `backend` ("cpu", "gpu",
-        "tpu"): the configured sizes, the unset ones chosen for the backend and shape."""
-        from dart_jax.train.kernels import auto_chunks
-
-        ct, cv = auto_chunks(backend, tokens, vocab)
-        return self.chunk_tokens or ct, self.chunk_vocab or cv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,3 +152,52 @@ class TrainerConfig:
     kernel: KernelConfig = KernelConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     mesh: MeshConfig = MeshConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """A multi-host trainer (`jax.distributed`): every host runs the same `dart-jax train`
+    with the same config and forms one mesh. `auto`: JAX finds the coordinator itself
+    (Cloud TPU, GKE). `explicit`: `coordinator` (host:port of process 0) and
+    `num_processes`; each host's `process_id`, or -1 to read DART_PROCESS_ID, so hosts differ
+    only by their environment. CPU hosts exchange through gloo."""
+    mode: Literal["off", "auto", "explicit"] = "off"
+    coordinator: str = ""
+    num_processes: int = bounded(1, ge=1)
+    process_id: int = bounded(-1, ge=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRunConfig:
+    """How long the trainer runs and on what. Paths are relative to the run directory."""
+    steps: int = bounded(100, ge=1)  # optimizer updates in total (a resumed run counts on)
+    # RL: the longest wait for one curated batch before the trainer stops early at the step it
+    # reached (metrics: train/stalled; its checkpoint and export as usual). It also bounds how
+    # long an unanswering data manager is asked again (then the trainer fails, and the
+    # supervisor restarts it from its checkpoint). None: no limit.
+    batch_wait_s: float | None = bounded(None, gt=0)
+    # the training loop's wall-clock budget in seconds, from its start in this process (a
+    # resumed trainer gets it afresh): the trainer stops before the first update that would
+    # begin past it, or when it runs out waiting for a batch (metrics: train/out_of_time;
+    # checkpoint and export as usual). On a pod, process 0's clock decides. `dart-jax run`
+    # gives it to the RL phase only. None: no limit.
+    max_seconds: float | None = bounded(None, gt=0)
+    sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
+    export: bool = True
+    distributed: DistributedConfig = DistributedConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """The `sft` phase of a run: supervised steps on the demonstrations before RL (its
+    optimizer; everything else as the trainer section says)."""
+    steps: int = bounded(60, ge=1)
+    lr: float = bounded(1e-3, gt=0)
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    warmup_steps: int = bounded(0, ge=0)
+
+    def trainer(self, base: TrainerConfig) -> TrainerConfig:
+        optimizer = dataclasses.replace(base.optimizer, lr=self.lr, schedule=self.schedule,
+                                        warmup_steps=self.warmup_steps, total_steps=self.steps)
+        checkpoint = dataclasses.replace(base.checkpoint, every_steps=self.steps)
+        return dataclasses.replace(base, mode="sft", optimizer=optimizer, checkpoint=checkpoint)

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dart_jax.train.config import KernelConfig
+
 _F32 = jnp.float32
 _NEG = -1e30  # finite "minus infinity": keeps (m_old - m_new) * 0 well defined
 # backend -> (tokens, vocab entries) of one block; TPU takes the GPU's large blocks (unmeasured)
@@ -216,3 +218,10 @@ def _fused_bwd(ct, cv, entropy_grad, res, g):
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def kernel_chunks(cfg: KernelConfig, backend: str, tokens: int, vocab: int) -> tuple[int, int]:
+    """(chunk_tokens, chunk_vocab) for `tokens` x `vocab` logits on `backend` ("cpu", "gpu",
+    "tpu"): the configured sizes, the unset ones chosen for the backend and shape."""
+    ct, cv = auto_chunks(backend, tokens, vocab)
+    return cfg.chunk_tokens or ct, cfg.chunk_vocab or cv

@@ -1,6 +1,7 @@
 """The trainer's loops: DART's RL loop on curated batches, and SFT on trajectory files.
 
-    rl(trainer, source, collator, publisher, ckpt, steps, log, budget)
+    rl_loop(trainer, source, collator, publisher, ckpt, steps, log, budget)
+    sft_loop(trainer, source, ckpt, steps, log, budget)
 
 One round of the RL loop: fetch the next curated batch from the data manager, update on it
 (`updates_per_batch` optimizer steps: TIS, entropy selection and KL as configured), publish
@@ -24,10 +25,12 @@ from typing import Callable, Iterator
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
-from dart_jax.train.batch import Collator, TrainBatch
+from dart_jax.train.batch import TrainBatch
 from dart_jax.train.checkpoint import Checkpointer
-from dart_jax.train.pipeline import DataManagerSource, NoBatchWithin
+from dart_jax.train.collate import Collator
+from dart_jax.train.sources import DataManagerSource, NoBatchWithin
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.train.trainer import Trainer
 
@@ -55,91 +58,108 @@ class Budget:
             return False
         over = self.elapsed() >= self.seconds
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
             over = bool(multihost_utils.broadcast_one_to_all(np.int32(over)))
         return over
 
 
-def rl(trainer: Trainer, source: DataManagerSource, collator: Collator, publisher: WeightPublisher,
-       ckpt: Checkpointer | None, steps: int, log: Log, budget: Budget | None = None) -> None:
-    """Train on curated batches until `steps` optimizer updates are done, until no batch
-    comes within the source's wait, or until the budget is spent."""
+def rl_loop(trainer: Trainer, source: DataManagerSource, collator: Collator, publisher: WeightPublisher,
+            ckpt: Checkpointer | None, steps: int, log: Log, budget: Budget | None = None) -> None:
+    """DART's trainer: fetch a curated batch, update on it, publish the new version, checkpoint;
+    until `steps` updates are done, no batch comes within the source's wait, or the budget is
+    spent."""
     resume(trainer, source, publisher, ckpt)
-    budget, pending = budget or Budget(), None
-    source.until = budget.ends_at()  # a batch wait ends with the budget
-    while trainer.step < steps:
-        if budget.spent():
-            flush(pending, log)
-            pending = None
-            out_of_time(trainer, ckpt, source, budget, log)
-            break
+    stop, metrics = EarlyStop(trainer, ckpt, source, budget or Budget(), log), Deferred(log)
+    source.until = stop.budget.ends_at()  # a batch wait ends with the budget
+    while trainer.step < steps and not stop.out_of_time(metrics):
         source.trainer_version = publisher.version
         fetched = time.time()
         try:
             batch = next(source)
         except NoBatchWithin as e:
-            flush(pending, log)
-            pending = None
-            if budget.spent():
-                out_of_time(trainer, ckpt, source, budget, log)
-            else:
-                stalled(trainer, ckpt, source, e, time.time() - fetched, log)
+            stop.no_batch(metrics, e, time.time() - fetched)
             break
         started, before = time.time(), trainer.step
-        metrics = trainer.update_rl(batch, collator)
-        flush(pending, log)
+        update = trainer.update_rl(batch, collator)
+        metrics.flush()
         jax.block_until_ready(trainer.state)  # the update's own time ends here, not in the publish
         published = time.time()
         trainer.policy_version = publisher.publish(trainer.state.params)
-        pending = (trainer.step, metrics, {
+        metrics.defer(trainer.step, update, {
             "batch/id": batch.batch_id, "batch/trajectories": len(batch.trajectories),
             "batch/injected": len(batch.injected), "policy/version": trainer.policy_version,
             "time/fetch_start": fetched, "time/update_start": started, "time/publish_start": published,
             "time/publish_end": time.time(), **_staleness(batch, trainer.policy_version)})
         _checkpoint(trainer, ckpt, source, before, steps)
-    _finish(pending, log, ckpt)
+    _finish(metrics, ckpt)
 
 
-def stalled(trainer: Trainer, ckpt: Checkpointer | None, source: DataManagerSource, why: NoBatchWithin,
-            waited_s: float, log: Log) -> None:
-    """The record and the checkpoint of a trainer that stops early for want of batches."""
-    log(trainer.step, {"train/stalled": 1.0, "train/waited_s": waited_s})
-    logger.warning("stopping at step %d: %s", trainer.step, why)
-    _save_stop(trainer, ckpt, source)
-
-
-def out_of_time(trainer: Trainer, ckpt: Checkpointer | None, source, budget: Budget, log: Log) -> None:
-    """The record and the checkpoint of a trainer that stops early because its budget is spent."""
-    log(trainer.step, {"train/out_of_time": 1.0, "train/elapsed_s": budget.elapsed()})
-    logger.warning("stopping at step %d: %.0f s of the %.0f s budget spent", trainer.step, budget.elapsed(),
-                   budget.seconds)
-    _save_stop(trainer, ckpt, source)
-
-
-def _save_stop(trainer: Trainer, ckpt: Checkpointer | None, source) -> None:
-    """The checkpoint of the step an early stop reached, unless a cadence save holds it."""
-    if ckpt is not None and trainer.step > 0 and ckpt.latest_step() != trainer.step:
-        trainer.save(ckpt, source.get_state())
-
-
-def sft(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | None, steps: int, log: Log,
-        budget: Budget | None = None) -> None:
+def sft_loop(trainer: Trainer, source: Iterator[TrainBatch], ckpt: Checkpointer | None, steps: int, log: Log,
+             budget: Budget | None = None) -> None:
     """Supervised updates (`accum_steps` batches each) until `steps` are done or the budget is spent."""
     if ckpt is not None and (data_state := trainer.restore(ckpt)) is not None:
         source.set_state(data_state)
-    budget, pending = budget or Budget(), None
-    while trainer.step < steps:
-        if budget.spent():
-            flush(pending, log)
-            pending = None
-            out_of_time(trainer, ckpt, source, budget, log)
-            break
+    stop, metrics = EarlyStop(trainer, ckpt, source, budget or Budget(), log), Deferred(log)
+    while trainer.step < steps and not stop.out_of_time(metrics):
         before = trainer.step
-        metrics = trainer.update_sft([next(source) for _ in range(trainer.cfg.buckets.accum_steps)])
-        flush(pending, log)
-        pending = (trainer.step, metrics, {})
+        update = trainer.update_sft([next(source) for _ in range(trainer.cfg.buckets.accum_steps)])
+        metrics.flush()
+        metrics.defer(trainer.step, update, {})
         _checkpoint(trainer, ckpt, source, before, steps)
-    _finish(pending, log, ckpt)
+    _finish(metrics, ckpt)
+
+
+class Deferred:
+    """Step N's metrics, written while step N+1 runs, so the host never waits on the device."""
+
+    def __init__(self, log: Log):
+        self.log, self.pending = log, None
+
+    def defer(self, step: int, device_metrics: dict, host: dict) -> None:
+        self.pending = (step, device_metrics, host)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            step, device_metrics, host = self.pending
+            self.log(step, {k: float(v) for k, v in jax.device_get(device_metrics).items()} | host)
+            self.pending = None
+
+
+@dataclasses.dataclass
+class EarlyStop:
+    """The two ways a loop ends before its last step, each recorded and checkpointed at the
+    step it reached: the budget is spent (`train/out_of_time`), or no batch came within the
+    source's wait (`train/stalled`)."""
+    trainer: Trainer
+    ckpt: Checkpointer | None
+    source: object  # get_state(): the data position saved with the checkpoint
+    budget: Budget
+    log: Log
+
+    def out_of_time(self, metrics: Deferred) -> bool:
+        """Whether the budget is spent before the next update (then recorded and saved)."""
+        if not self.budget.spent():
+            return False
+        metrics.flush()
+        self.log(self.trainer.step, {"train/out_of_time": 1.0, "train/elapsed_s": self.budget.elapsed()})
+        logger.warning("stopping at step %d: %.0f s of the %.0f s budget spent", self.trainer.step,
+                       self.budget.elapsed(), self.budget.seconds)
+        self._save()
+        return True
+
+    def no_batch(self, metrics: Deferred, why: NoBatchWithin, waited_s: float) -> None:
+        """A batch wait ended without a batch: the budget ran out during it, or the rollouts
+        gave nothing to learn from for the source's whole wait."""
+        if self.out_of_time(metrics):
+            return
+        metrics.flush()
+        self.log(self.trainer.step, {"train/stalled": 1.0, "train/waited_s": waited_s})
+        logger.warning("stopping at step %d: %s", self.trainer.step, why)
+        self._save()
+
+    def _save(self) -> None:
+        """The checkpoint of the step an early stop reached, unless a cadence save holds it."""
+        if self.ckpt is not None and self.trainer.step > 0 and self.ckpt.latest_step() != self.trainer.step:
+            self.trainer.save(self.ckpt, self.source.get_state())
 
 
 def _checkpoint(trainer: Trainer, ckpt: Checkpointer | None, source, before: int, steps: int) -> None:
@@ -148,9 +168,9 @@ def _checkpoint(trainer: Trainer, ckpt: Checkpointer | None, source, before: int
         trainer.save(ckpt, source.get_state())
 
 
-def _finish(pending, log: Log, ckpt: Checkpointer | None) -> None:
+def _finish(metrics: Deferred, ckpt: Checkpointer | None) -> None:
     """The last update's metrics, and every checkpoint on disk."""
-    flush(pending, log)
+    metrics.flush()
     if ckpt is not None:
         ckpt.wait()
 
@@ -161,12 +181,6 @@ def resume(trainer: Trainer, source: DataManagerSource, publisher: WeightPublish
     source.set_state(data_state)
     # workers may hold versions published after this checkpoint: the restored weights get a new one
     trainer.policy_version = publisher.publish(trainer.state.params)
-
-
-def flush(pending: tuple[int, dict, dict] | None, log: Log) -> None:
-    if pending is not None:
-        step, device_metrics, host = pending
-        log(step, {k: float(v) for k, v in jax.device_get(device_metrics).items()} | host)
 
 
 def _crossed(before: int, after: int, every: int) -> bool:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dart_jax.train.config import Aggregation, DualClipLoss, GSPOLoss, LossConfig
 
@@ -36,7 +37,8 @@ class Denominators:
 
 jax.tree_util.register_dataclass(Denominators, data_fields=["tokens", "seqs"], meta_fields=[])
 
-UNIT = Denominators(jnp.float32(1.0), jnp.float32(1.0))
+# numpy scalars: a JAX array made at import would start the backends before jax.distributed
+UNIT = Denominators(np.float32(1.0), np.float32(1.0))
 
 
 def denominators(mask_BxT: jax.Array) -> Denominators:
@@ -119,16 +121,39 @@ def k3_kl(logp_BxT: jax.Array, logp_ref_BxT: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class RLTerms:
     """Per-token inputs of the RL objective for one micro-batch."""
-    logp_old_BxT: jax.Array  # trainer logprobs before this update (stop-gradient)
+    logp_old_BxT: jax.Array  # trainer logprobs before this batch's first update (stop-gradient)
     adv_B: jax.Array
     mask_BxT: jax.Array  # response tokens of selected steps
     weight_B: jax.Array  # per-step weight (selection, trajectory normalization)
     tis_BxT: jax.Array  # truncated importance weights (ones when TIS is off)
     logp_ref_BxT: jax.Array | None = None
+    # the policy the clip measures the ratio against (loss.clip_to "behaviour": the sampler's
+    # logprobs); None: logp_old_BxT
+    logp_clip_BxT: jax.Array | None = None
 
 
 jax.tree_util.register_dataclass(
     RLTerms, data_fields=[f.name for f in dataclasses.fields(RLTerms)], meta_fields=[])
+
+
+def clipped_policy_loss(cfg: DualClipLoss | GSPOLoss, logp_BxT, terms: RLTerms):
+    """The policy loss with its clip taken against `terms.logp_clip_BxT` (the behaviour
+    policy), its gradient still the trainer's ratio r = pi / pi_old; (loss_BxT, clipped_BxT).
+
+        rho = pi / pi_clip                            the ratio the clip (and dual clip) judge
+        l   = dual_clip(rho) * sg(pi_clip / pi_old)   value -A r where rho is inside the clip,
+                                                      gradient -A r grad log pi; 0 where outside
+    With pi_clip = pi_old this is `policy_loss`. Where the policy moved since it sampled a token
+    (an asynchronous batch is a version or more stale), a token already pushed past the clip is
+    pushed no further; the importance weight stays truncated IS's (terms.tis_BxT), not rho.
+    """
+    if terms.logp_clip_BxT is None:
+        return policy_loss(cfg, logp_BxT, terms.logp_old_BxT, terms.adv_B, terms.mask_BxT)
+    if cfg.type != "dual_clip":
+        raise ValueError(f"a clip against the behaviour policy needs the token-level dual clip, not {cfg.type}")
+    loss, clipped = policy_loss(cfg, logp_BxT, terms.logp_clip_BxT, terms.adv_B, terms.mask_BxT)
+    scale = jnp.exp(jnp.clip(terms.logp_clip_BxT - terms.logp_old_BxT, -_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    return loss * jax.lax.stop_gradient(scale), clipped
 
 
 def rl_objective(logp_BxT: jax.Array, entropy_BxT: jax.Array, terms: RLTerms,
@@ -136,18 +161,19 @@ def rl_objective(logp_BxT: jax.Array, entropy_BxT: jax.Array, terms: RLTerms,
     """loss = agg(w * tis * policy_loss) + kl_coef * agg(w * k3) - entropy_coef * agg(w * H).
 
     Returns this micro-batch's share of the loss and of each metric (all exact global means
-    once summed over micro-batches).
+    once summed over micro-batches). loss/ratio is the ratio the clip judges.
     """
     m, w = terms.mask_BxT, terms.weight_B
     agg = lambda x: aggregate(x, m, cfg.aggregation, denom, w)  # noqa: E731
     tok_mean = lambda x: aggregate(x, m, "token_mean", denom)  # noqa: E731
-    pg_BxT, clipped_BxT = policy_loss(cfg.policy, logp_BxT, terms.logp_old_BxT, terms.adv_B, m)
+    pg_BxT, clipped_BxT = clipped_policy_loss(cfg.policy, logp_BxT, terms)
     pg = agg(terms.tis_BxT * pg_BxT)
     loss = pg
+    clip_to = terms.logp_old_BxT if terms.logp_clip_BxT is None else terms.logp_clip_BxT
     metrics = {"loss/policy": pg, "loss/clip_frac": tok_mean(clipped_BxT.astype(jnp.float32)),
                "loss/entropy": tok_mean(jax.lax.stop_gradient(entropy_BxT)),
-               "loss/ratio": tok_mean(jnp.exp(jax.lax.stop_gradient(logp_BxT)
-                                              - terms.logp_old_BxT))}
+               "loss/ratio": tok_mean(jnp.exp(jnp.clip(jax.lax.stop_gradient(logp_BxT) - clip_to,
+                                                       -_MAX_LOG_RATIO, _MAX_LOG_RATIO)))}
     if cfg.kl_coef > 0:
         if terms.logp_ref_BxT is None:
             raise ValueError("kl_coef > 0 needs reference logprobs")

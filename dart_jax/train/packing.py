@@ -1,7 +1,7 @@
-"""Which steps share a row, and which rows a microbatch: the plan of an RL batch's rows.
+"""Which steps share a row, and which rows a microbatch: the layout of an RL batch's rows.
 
 A row holds up to `BucketSpec.pack` steps back to back (batch.py: each its own sequence).
-`plan_rows` plans a batch's steps twice, one step a row and packed, and takes the packed plan
+`microbatch_rows` lays out a batch's steps twice, one step a row and packed, and takes the packed layout
 when it pads less:
 
 - packed: first fit decreasing. Each step, longest first, joins the first row that has a free
@@ -10,33 +10,21 @@ when it pads less:
 - either way, rows sorted by shape (long with long: tight buckets) are cut into microbatches
   of rows x hosts rows, each padded to the smallest bucket holding its rows.
 - padding is counted in positions: a microbatch's rows x (bucket tokens + bucket vision
-  slots), the decoder tokens and vision patches the step computes over. Both plans hold the
+  slots), the decoder tokens and vision patches the step computes over. Both layouts hold the
   same steps, so the one with fewer positions wastes less.
 
 Packing never enlarges a row's bucket, but fewer rows can regroup into microbatches of larger
 buckets (a short step absorbed by a long one leaves its partner to share a long microbatch),
-which is why the plans are compared rather than packing always.
+which is why the layouts are compared rather than packing always.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Sequence
 
-from dart_jax.train.batch import Bucket, BucketSpec, Collator, StepShape
-
-
-@dataclass(frozen=True)
-class StepRef:
-    """One step of the source's trajectories, with what it needs of a bucket."""
-    traj: int
-    step: int
-    seq_len: int
-    num_slots: int
-
-
-Row = tuple[StepRef, ...]  # the steps one row holds, back to back
+from dart_jax.train.batch import Bucket, BucketSpec, Row, StepRef, StepShape
+from dart_jax.train.collate import Collator
 
 
 def row_shape(row: Row) -> StepShape:
@@ -81,13 +69,13 @@ def _microbatches(rows: Sequence[Row], size: int) -> list[tuple[Row, ...]]:
     return [tuple(rows[i:i + size]) for i in range(0, len(rows), size)]
 
 
-def padded_positions(plan: Sequence[Sequence[Row]], collator: Collator, size: int) -> int:
-    """Decoder tokens plus vision slots a plan's microbatches of `size` rows compute over."""
-    buckets = [global_bucket(collator, rows) for rows in plan]
+def padded_positions(layout: Sequence[Sequence[Row]], collator: Collator, size: int) -> int:
+    """Decoder tokens plus vision slots a layout's microbatches of `size` rows compute over."""
+    buckets = [global_bucket(collator, rows) for rows in layout]
     return sum(size * (b.seq_len + b.num_slots) for b in buckets)
 
 
-def plan_rows(refs: Sequence[StepRef], collator: Collator, hosts: int) -> list[tuple[Row, ...]]:
+def microbatch_rows(refs: Sequence[StepRef], collator: Collator, hosts: int) -> list[tuple[Row, ...]]:
     """Microbatches of rows x hosts rows: one step a row, or packed where that pads less
     (module docstring)."""
     size = collator.buckets.rows * hosts

@@ -16,9 +16,10 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from dart_jax.train.batch import Collator
+from dart_jax.train.collate import Collator
 from dart_jax.train.config import TrainerConfig
-from dart_jax.train.pipeline import build_rows, every_step, step_refs
+from dart_jax.train.collate import build_rows, step_refs
+from dart_jax.train.sources import every_step
 from dart_jax.train.screens import InlineScreens, ScreenCache
 from dart_jax.train.step import token_scores
 from dart_jax.wire.messages import Trajectory

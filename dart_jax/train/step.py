@@ -3,7 +3,7 @@
 One optimizer update on a batch of M micro-batches (each padded to its own bucket):
 
     scores_m = score(params, ref_params, micro_m)        # no grad: old/ref logprobs, entropy
-    plan = plan_steps(...)                               # host: advantages, selection (global)
+    rows_m = prepare(...)                                # host: advantages, selection (prepare.py)
     acc = zeros
     for m: acc = accumulate(params, acc, micro_m, rows_m) # grads and sums of the UNIT objective
     state, metrics = apply(state, acc)                   # divide by the global counts, AdamW
@@ -15,7 +15,7 @@ The model reads a micro-batch's B rows; everything after it is per step, over th
 slots (batch.py: a packed row holds up to P steps). `token_scores` returns each row's log-probs
 once per slot of the row ([N, T]), and each slot's loss mask picks its own positions, so the
 losses' rows are steps whether or not rows are packed.
-`Steps` compiles each function once per (bucket, shardings) with explicit in/out shardings and
+`TrainFunctions` compiles each function once per (bucket, shardings) with explicit in/out shardings and
 donated buffers (the state into `apply`, the accumulator into `accumulate`), and counts the
 compilations. Parameters stay fp32 (master weights); the model's compute dtype is set when it
 is built (`compute_dtype`).
@@ -34,17 +34,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dart_jax.models import qwen25vl
 from dart_jax.models.sharding import param_shardings
 from dart_jax.train import losses
-from dart_jax.train.batch import TrainBatch
+from dart_jax.train.batch import ROWS, TrainBatch, batch_specs
 from dart_jax.train.config import TrainerConfig
-from dart_jax.train.kernels import token_logprobs_entropy_BxT
+from dart_jax.train.kernels import kernel_chunks, token_logprobs_entropy_BxT
 from dart_jax.train.losses import UNIT, Denominators, RLTerms
 from dart_jax.train.optimizer import AdamWState, FusedAdamW
-from dart_jax.train.pipeline import batch_specs
 from dart_jax.train.selection import step_mean_entropy
 from dart_jax.train.tis import mismatch_metrics, mismatch_sums, tis_weights
-
-ROWS = ("data", "fsdp")  # mesh axes of the batch dimension
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainState:
@@ -91,7 +87,7 @@ def token_scores(graphdef, params, mb: TrainBatch, cfg: TrainerConfig, *, entrop
     tau_BxP = jnp.where(mb.temperature_BxP > 0, mb.temperature_BxP, 1.0)
     slot_BxT = jnp.maximum(mb.inputs.attention_mask - 1, 0)  # the step slot of each token
     tau_BxT = jnp.take_along_axis(tau_BxP, slot_BxT, axis=1)
-    ct, cv = cfg.kernel.chunks(jax.default_backend(), mb.targets_BxT.size, w_DxV.shape[1])
+    ct, cv = kernel_chunks(cfg.kernel, jax.default_backend(), mb.targets_BxT.size, w_DxV.shape[1])
     logp, ent = token_logprobs_entropy_BxT(h_BxTxD, w_DxV, mb.targets_BxT, tau_BxT,
                                            chunk_tokens=ct, chunk_vocab=cv, entropy_grad=entropy_grad)
     pack = mb.step_weight_BxP.shape[1]
@@ -134,7 +130,8 @@ def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTarge
     sampled = mask * ~_steps(mb.is_demo_BxP)[:, None]  # demonstrations have no sampler logprobs
     w_tis = tis_weights(old, rollout, sampled, cap=cfg.tis.cap, level=cfg.tis.level)
     tis = jnp.where(sampled > 0, w_tis, 1.0) if cfg.tis.enabled else jnp.ones_like(mask)
-    terms = RLTerms(old, rows.adv_N, mask, rows.weight_N, tis, rows.scores.logp_ref_NxT)
+    clip_to = jnp.where(sampled > 0, rollout, old) if cfg.loss.clip_to == "behaviour" else None
+    terms = RLTerms(old, rows.adv_N, mask, rows.weight_N, tis, rows.scores.logp_ref_NxT, clip_to)
     loss, metrics = losses.rl_objective(logp, ent, terms, cfg.loss, UNIT)
     mismatch = mismatch_sums(old, rollout, sampled, w_tis, cfg.tis.cap)
     tis_sums = {f"tis_sum/{k}": v for k, v in mismatch.items()}
@@ -188,7 +185,7 @@ def _shape_key(tree) -> tuple:
     return (treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves))
 
 
-class Steps:
+class TrainFunctions:
     """The step functions of one model and config on one mesh, compiled per bucket.
 
     `compiles` counts XLA compilations by function name: each shape bucket compiles

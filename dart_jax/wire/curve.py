@@ -8,19 +8,29 @@ the handshake, so their requests time out and never reach the handler.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from dart_jax.config import UsageError
 from dart_jax.wire.config import CurveConfig
+
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 def generate(directory: str | Path, name: str) -> tuple[Path, Path]:
-    """Write a key pair; returns (public_key_file, secret_key_file)."""
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(str(directory), name)
+    """Write a key pair; returns (public_key_file, secret_key_file). A name that is not a
+    plain file name, or a directory that cannot be written, is a UsageError."""
+    if not NAME.fullmatch(name):
+        raise UsageError(f"key name {name!r}: letters, digits, '_', '.', '-' (it names the key files)")
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        public, secret = zmq.auth.create_certificates(str(directory), name)
+    except OSError as e:
+        raise UsageError(f"{directory}: cannot write the key files there ({e.strerror})") from None
     return Path(public), Path(secret)
 
 

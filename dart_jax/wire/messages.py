@@ -163,6 +163,26 @@ class TrajectoryAck(Msg):
 
 # ---- trainer <-> data manager ----------------------------------------------------------
 
+class TrainerHeartbeat(Msg):
+    """The trainer (its process 0) is alive at `step`; its last one says how it ended. A
+    trainer on another host (a TPU slice) is watched through these (TrainerStatus)."""
+    step: Natural
+    policy_version: Version
+    state: Literal["running", "finished", "failed"] = "running"
+
+
+class TrainerStatusRequest(Msg):
+    pass
+
+
+class TrainerStatus(Msg):
+    """The last TrainerHeartbeat the data manager got, and how long ago (None: none yet)."""
+    seen_s_ago: float | None
+    step: int = 0
+    policy_version: int = -1
+    state: Literal["none", "running", "finished", "failed"] = "none"
+
+
 class BatchRequest(Msg):
     """The batch after `after_batch_id`: replayed if it exists (resume), else assembled."""
     trainer_version: Version
@@ -451,7 +471,7 @@ class EnvStats(Msg):
 Message = Union[Error, Ping, Pong, TaskSpec, Step, Trajectory, TaskRequest, TaskAssignment,
                 WorkerHeartbeat, WorkerAck, TensorInfo, WeightBucketInfo, WeightAnnounce,
                 WeightLatest, WeightPull, WeightBucket, NoTask, SubmitTrajectory, TrajectoryAck,
-                BatchRequest, CuratedBatch, NoBatch, ScreenshotRef, ScreenshotRequest, Screenshots,
+                BatchRequest, TrainerHeartbeat, TrainerStatusRequest, TrainerStatus, CuratedBatch, NoBatch, ScreenshotRef, ScreenshotRequest, Screenshots,
                 TaskStats, StatsRequest, DataStats, PoolImport, PoolImported, ExportTrajectories,
                 Exported,
                 EnvAcquire, EnvLease, EnvHeartbeat, EnvHeartbeatAck, EnvReset, EnvStep, EnvReply,

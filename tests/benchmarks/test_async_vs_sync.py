@@ -3,8 +3,8 @@
 import pytest
 
 from benchmarks.async_vs_sync import steady_window
-from dart_jax.run.records import TrainerRound
-from dart_jax.run.utilization import trained_in
+from dart_jax.observe.records import TrainerRound
+from dart_jax.observe.utilization import trained_in
 
 
 def _round(step: int, fetch: float, publish_end: float) -> TrainerRound:

@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.curation_ablation import PIECES, sft_summary, table, variant
+from benchmarks.curation_ablation import PIECES, row, sampled, sft_summary, table, variant
 from dart_jax.config.loader import apply_overrides, from_dict
-from dart_jax.run.schema import RunConfig
+from dart_jax.config.schema import RunConfig
 from tests.procs import descendants
 
 
@@ -57,15 +57,37 @@ def test_sft_run_is_read_from_a_finished_run_and_refused_when_it_lacks_the_sft_p
     assert sft_summary(tmp_path) == summary
 
 
-def test_the_table_says_which_configuration_stopped_for_want_of_batches_or_time():
-    row = {"success": 0.5, "ci95": [0.4, 0.6], "gain": 0.1, "gain_ci95": [0.02, 0.18]}
-    lines = table([{"config": "plain GRPO", "rl_steps": 30, "stalled": False, "out_of_time": False, **row},
-                   {"config": "+ dynamic rollouts", "rl_steps": 5, "stalled": True, "out_of_time": False, **row},
-                   {"config": "+ TIS", "rl_steps": 34, "stalled": False, "out_of_time": True, **row}]).splitlines()
-    assert "RL steps" in lines[0]
-    assert lines[2].split()[2] == "30" and "stalled" not in lines[2] and "time" not in lines[2]
+def test_the_table_says_how_each_seeds_run_ended_and_where_it_collapsed():
+    row = {"success": 0.5, "ci95": [0.4, 0.6], "gain": 0.1, "gain_ci95": [0.02, 0.18], "over_plain": -0.05,
+           "over_plain_ci95": [-0.1, 0.0], "over_previous": None, "over_previous_ci95": None}
+    run = {"seed": 3, "rl_steps": 30, "stalled": False, "out_of_time": False, "collapsed": False,
+           "collapsed_version": None}
+    lines = table([{"config": "plain GRPO", "runs": [run, {**run, "seed": 4, "rl_steps": 28}], **row},
+                   {"config": "+ dynamic rollouts", "runs": [{**run, "rl_steps": 5, "stalled": True}], **row},
+                   {"config": "+ TIS", "runs": [{**run, "rl_steps": 34, "out_of_time": True, "collapsed": True,
+                                                  "collapsed_version": 17}], **row}]).splitlines()
+    assert "RL steps" in lines[0] and "over plain GRPO" in lines[0]
+    assert "30, 28" in lines[2] and "stalled" not in lines[2] and "time" not in lines[2]
     assert "5 (stalled)" in lines[3]
-    assert "34 (time)" in lines[4]
+    assert "34 (time, collapsed v17)" in lines[4]
+    assert "+0.100 [0.02, 0.18]" in lines[2] and "-0.050 [-0.10, +0.00]" in lines[2] and lines[2].endswith(" -")
+
+
+def test_rows_pair_episodes_within_each_seed():
+    """Seed 3 and seed 4 play the same task ids with different seeds: a row pools both seeds'
+    episodes, and its gains pair each episode with the same seed's."""
+    from dart_jax.eval.stats import Outcome
+    def outcomes(seed, wins):
+        return sampled([Outcome("t0", "sampled", i, w, float(w), 1, "success" if w else "failure")
+                        for i, w in enumerate(wins)] + [Outcome("t0", "greedy", 0, True, 1.0, 1, "success")], seed)
+    sft = outcomes(3, [0, 0, 1, 1]) + outcomes(4, [1, 1, 1, 1])
+    plain = outcomes(3, [1, 0, 1, 1]) + outcomes(4, [1, 1, 0, 1])
+    full = outcomes(3, [1, 1, 1, 1]) + outcomes(4, [1, 1, 1, 1])
+    r = row("full", full, sft, plain, plain, [])
+    assert (r["success"], r["n"]) == (1.0, 8)  # greedy episodes left out
+    assert r["gain"] == pytest.approx(2 / 8)  # seed 3's first two; seed 4 was already all wins
+    assert r["over_plain"] == pytest.approx(2 / 8) and r["over_previous"] == pytest.approx(2 / 8)
+    assert row("plain GRPO", plain, sft, None, None, [])["over_plain"] is None
 
 
 @pytest.mark.slow

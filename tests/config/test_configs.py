@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dart_jax.config import load
-from dart_jax.run.schema import RunConfig
+from dart_jax.config.schema import RunConfig
 
 CONFIGS = sorted(Path(__file__).resolve().parents[2].glob("configs/**/*.yaml"))
 
@@ -25,7 +25,7 @@ def test_config_loads(path):
     (["configs/local.yaml", "envs.lease_z=3"], "configs/local.yaml: envs.lease_z: unknown key"),
     (["configs/local.yaml", "data.curation.group_size=big"],
      "configs/local.yaml: data.curation.group_size: expected int, got str 'big'"),
-    (["configs/local.yaml", "job.demo_concurrency=0"], "configs/local.yaml: job.demo_concurrency: must be >= 1"),
+    (["configs/local.yaml", "tasks.demo_concurrency=0"], "configs/local.yaml: tasks.demo_concurrency: must be >= 1"),
     (["configs/nope.yaml"], "configs/nope.yaml: <root>: cannot read config file"),
 ])
 def test_cli_bad_config_is_one_line(args, expected):

@@ -8,7 +8,7 @@ from dart_jax.data import service
 from dart_jax.data.config import DataManagerConfig
 from dart_jax.data.store import Store
 from dart_jax.data.tasks import write_task_file
-from dart_jax.data.testing import task_specs
+from dart_jax.testing.trajectories import task_specs
 from dart_jax.wire import Client
 
 

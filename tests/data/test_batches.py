@@ -7,7 +7,7 @@ import pytest
 from dart_jax.data.batches import BatchAssembler
 from dart_jax.data.config import CurationConfig
 from dart_jax.data.store import ConflictError
-from dart_jax.data.testing import make_trajectory, put
+from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.wire import to_bytes
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch
 

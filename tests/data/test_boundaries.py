@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dart_jax.data import pool
-from dart_jax.data.testing import make_trajectory, put
+from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.wire import RemoteError
 from dart_jax.wire.messages import (BatchRequest, ExportTrajectories, Exported, PoolImport, PoolImported,
                                     StatsRequest, SubmitTrajectory, TaskRequest, TrajectoryAck)

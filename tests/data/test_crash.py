@@ -20,7 +20,7 @@ import yaml
 from dart_jax.data import integrity
 from dart_jax.data.store import Store
 from dart_jax.data.tasks import write_task_file
-from dart_jax.data.testing import make_trajectory, task_specs
+from dart_jax.testing.trajectories import make_trajectory, task_specs
 from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout, to_bytes
 from dart_jax.wire.messages import SubmitTrajectory
 

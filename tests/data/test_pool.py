@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dart_jax.data import pool
-from dart_jax.data.testing import make_trajectory, put
+from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.wire import to_bytes
 
 

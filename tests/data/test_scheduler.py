@@ -7,7 +7,7 @@ import pytest
 from dart_jax.data.config import CurationConfig
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import Store
-from dart_jax.data.testing import make_trajectory, put
+from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.wire.messages import NoTask, TaskAssignment
 
 CFG = CurationConfig()
@@ -34,7 +34,7 @@ def test_rollout_count_and_step_limit_follow_the_history(store):
     # t3: 9 successes of 10 recent rollouts -> s = 0.9 -> 3 rollouts; success lengths 4..12.
     put(store, *[make_trajectory(f"a{i}", "t3", success=i > 0, steps=3 + i, version=0) for i in range(10)])
     sched = Scheduler(store, dataclasses.replace(CFG, max_staleness=0), clock=Clock())
-    assert sched.plan("t3") == (3, 14)  # p90 of 4..12 (nearest rank 9 of 9) = 12, + 2
+    assert sched.rollout_budget("t3") == (3, 14)  # p90 of 4..12 (nearest rank 9 of 9) = 12, + 2
     # its 10 stored rollouts are stale at version 1, so it is not starved of new ones
     assert sched.next(latest_version=1).task.task_id == "t0"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dart_jax.data.testing import make_trajectory, task_specs
+from dart_jax.testing.trajectories import make_trajectory, task_specs
 from dart_jax.wire import RemoteError
 from dart_jax.wire.messages import (BatchRequest, CuratedBatch, DataStats, ExportTrajectories, Exported,
                                     NoBatch, PoolImport, PoolImported, ScreenshotRequest, StatsRequest,

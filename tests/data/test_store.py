@@ -12,7 +12,7 @@ from dart_jax.data import integrity, schema
 from dart_jax.wire.png import address
 from dart_jax.data.ingest import IngestWriter, validate
 from dart_jax.data.store import ConflictError, Store
-from dart_jax.data.testing import make_trajectory, put, task_specs
+from dart_jax.testing.trajectories import make_trajectory, put, task_specs
 from dart_jax.wire.messages import ScreenshotRef, TaskSpec
 
 

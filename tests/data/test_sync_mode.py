@@ -5,7 +5,7 @@ import dataclasses
 from dart_jax.data.batches import BatchAssembler
 from dart_jax.data.config import CurationConfig
 from dart_jax.data.scheduler import Scheduler
-from dart_jax.data.testing import make_trajectory, put
+from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch, NoTask, TaskAssignment
 
 CFG = CurationConfig(tasks_per_batch=2, group_size=8, max_staleness=0, min_rollouts=2, max_rollouts=2)

@@ -1,21 +1,24 @@
-"""deploy/k8s: every manifest parses, every container runs a real `dart-jax` subcommand on a config
-that loads, and ports, Services and CURVE key files agree with that config."""
+"""deploy/k8s: every manifest validates against the Kubernetes schemas (kubernetes-validate's
+bundled, offline), every container runs a real `dart-jax` subcommand on a config that loads,
+ports, Services, liveness probes and CURVE key files agree with that config."""
 
 import argparse
 import posixpath
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from dart_jax.cli import build_parser
 from dart_jax.config import load
-from dart_jax.run.schema import RunConfig
+from dart_jax.config.schema import RunConfig
 from dart_jax.data.tasks import read_task_file
 
 K8S = Path(__file__).resolve().parents[2] / "deploy/k8s"
 CONFIG = "/etc/dart-jax/config/run.yaml"
+K8S_VERSION = "1.33.0"  # GKE's regular channel
 # subcommand -> the endpoints it binds; clients connect to the same keys in the shared config
 BINDS = {"data-manager": ("data.wire",), "env-server": ("envs.wire",),
          "train": ("weights.announce", "weights.serve"), "rollout": ()}
@@ -99,6 +102,45 @@ def test_kustomization_lists_every_manifest_and_generates_config_and_keys():
     assert (K8S / ".gitignore").read_text().split() == ["keys/"]  # key files are made, never committed
 
 
+def test_every_manifest_validates_against_the_kubernetes_schemas():
+    """Strict: an unknown or misspelt field is an error. The JobSet is a custom resource whose
+    schema the validator lacks: its pod template is validated as the batch/v1 Job it stamps out."""
+    for d in documents():
+        if d["kind"] == "JobSet":
+            for job in d["spec"]["replicatedJobs"]:
+                as_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]},
+                          "spec": job["template"]["spec"]}
+                kubernetes_validate.validate(as_job, K8S_VERSION, strict=True)
+        else:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    broken = next(d for d in documents() if d["kind"] == "StatefulSet")
+    broken = broken | {"spec": broken["spec"] | {"replica": 1}}
+    with pytest.raises(kubernetes_validate.ValidationError, match="'replica' was unexpected"):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def probed(container: dict) -> str | None:
+    """The link a container's liveness probe pings (`dart-jax ping CONFIG LINK ...`), if any."""
+    probe = container.get("livenessProbe", {}).get("exec", {}).get("command", [])
+    return probe[3] if probe[:2] == ["dart-jax", "ping"] else None
+
+
+def test_every_server_has_a_liveness_probe_that_pings_it_at_its_own_address():
+    for _, spec, c in containers():
+        role = c["command"][1]
+        links = [k for k in BINDS[role] if k in ("data.wire", "envs.wire")]  # servers that answer Ping
+        assert [probed(c)] == (links or [None]), role
+        if not links:
+            continue
+        probe = c["livenessProbe"]["exec"]["command"]
+        assert probe[2] == CONFIG
+        args = build_parser().parse_args(probe[1:])  # a real command line of `dart-jax ping`
+        cfg = load(RunConfig, K8S / "run.yaml", [o.replace("$(POD_NAME)", "x") for o in args.overrides])
+        u = urlsplit(wire(cfg, args.link).endpoint)
+        assert u.hostname == "127.0.0.1" and u.port in {p["containerPort"] for p in c["ports"]}
+        assert args.timeout < c["livenessProbe"]["timeoutSeconds"]
+
+
 def test_roles_are_real_subcommands_on_a_config_that_loads():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     seen = []
@@ -144,7 +186,7 @@ def test_curve_key_files_are_mounted_where_each_side_reads_them(link):
         if c["command"][1] == server:
             assert {curve.server_secret_key, client_public} <= seen
             assert posixpath.dirname(client_public) == curve.authorized_clients_dir
-        if c["command"][1] in clients:
+        if c["command"][1] in clients or probed(c) == link:
             assert {curve.server_public_key, curve.client_secret_key} <= seen
 
 
@@ -153,5 +195,6 @@ def test_each_pod_gets_only_the_secret_keys_it_uses():
     for _, spec, c in containers():
         role = c["command"][1]
         need = {wire(cfg, k).curve.server_secret_key for k, (server, _) in LINKS.items() if server == role}
-        need |= {wire(cfg, k).curve.client_secret_key for k, (_, clients) in LINKS.items() if role in clients}
+        need |= {wire(cfg, k).curve.client_secret_key for k, (_, clients) in LINKS.items()
+                 if role in clients or probed(c) == k}
         assert {f for f in files(spec, c) if f.endswith(".key_secret")} == need, role

@@ -1,12 +1,15 @@
-"""Shared pieces: an env server on background threads, an oracle episode runner, and a
-fake OSWorld in-VM server (a real HTTP server on 127.0.0.1 answering like the VM's)."""
+"""Shared pieces: an env server on background threads, an oracle episode runner, a fake
+OSWorld in-VM server (a real HTTP server on 127.0.0.1 answering like the VM's), and the
+session's desktop VM server (marker `vm`)."""
 
 import asyncio
 import io
 import json
+import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import psutil
 import pytest
 from PIL import Image
 
@@ -14,7 +17,7 @@ from dart_jax.wire import WireConfig
 from dart_jax.wire.messages import TaskSpec
 from envs import oracle
 from dart_jax.wire.env_client import EnvClient, EnvSession
-from envs.config import EnvServerConfig
+from envs.config import EnvServerConfig, OSWorldSlots, QemuSettings
 from envs.server import serving
 from envs.types import Observation
 
@@ -91,7 +94,7 @@ class FakeVM:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path == "/execute":
+                if self.path in ("/execute", "/setup/execute"):
                     vm.commands.append(body["command"])
                     self._send(200, json.dumps({"status": "success", "output": "", "error": ""}).encode(),
                                "application/json")
@@ -123,3 +126,47 @@ def fake_vm():
 
 INFEASIBLE_TASK = {"id": "infeasible-demo", "instruction": "Set the screen to 16K resolution.",
                    "config": [], "evaluator": {"func": "infeasible"}}
+
+
+# ---- desktop VMs (marker `vm`) --------------------------------------------------------------
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `vm` need QEMU (`make setup-vm` installs it and builds the image); with
+    QEMU present and the image missing they fail and say so, rather than skip."""
+    if shutil.which("qemu-system-x86_64"):
+        return
+    for item in items:
+        if item.get_closest_marker("vm") is not None:
+            item.add_marker(pytest.mark.skip(reason="needs qemu-system-x86_64 (make setup-vm installs it)"))
+
+
+def vm_slots(count: int = 1, **qemu) -> OSWorldSlots:
+    """Desktop VM slots as the tests run them: software emulation where KVM cannot boot
+    (accel auto probes), a 1280x800 screen, the window list in every observation, and 30 s
+    for any answer of the VM (a hung one is replaced after that; a step takes 2-10 s)."""
+    return OSWorldSlots(provider="qemu", count=count, screen_width=1280, screen_height=800, settle_s=1.0,
+                        observe_windows=True, http_timeout_s=30.0, qemu=QemuSettings(memory_mib=1024, **qemu))
+
+
+@pytest.fixture(scope="session")
+def vm_server():
+    """One env server with one desktop VM slot, shared by every `vm` test of the session
+    (booting takes a minute or two under TCG). Closing it must leave no QEMU behind."""
+    ctx = serving(server_config(vm_slots(), reset_timeout_s=400.0, step_timeout_s=120.0))
+    envs, wire = ctx.__enter__()
+    try:
+        yield envs, wire.endpoint
+    finally:
+        pids = [slot.env.machine.process.pid for slot in envs.slots
+                if slot.env is not None and slot.env.machine is not None and slot.env.machine.alive()]
+        ctx.__exit__(None, None, None)
+        left = [pid for pid in pids if alive(pid)]
+        assert not left, f"QEMU processes outlived their slots: {left}"
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for init to reap it has ended)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -3,6 +3,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from dart_jax.agent.config import PromptConfig
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.models.tiny import make_tiny_hf_dir
 from dart_jax.wire import WireConfig
@@ -25,8 +26,8 @@ class FixedText:
 
 
 @pytest.fixture(scope="module")
-def builder(tmp_path_factory):
-    return PromptBuilder.from_pretrained(make_tiny_hf_dir(tmp_path_factory.mktemp("tiny")))
+def builder(tiny_dir):
+    return PromptBuilder.from_pretrained(tiny_dir)
 
 
 def play(builder, text, max_steps, **server):
@@ -58,7 +59,6 @@ def test_unparseable_text_is_an_invalid_step(builder):
 
 
 def test_a_screen_text_prompt_holds_the_current_screens_elements(tmp_path):
-    from dart_jax.agent.prompt import PromptConfig
 
     with_text = PromptBuilder.from_pretrained(make_tiny_hf_dir(tmp_path / "tiny"), PromptConfig(screen_text=True))
     traj = play(with_text, "Thought: wait.\nAction: wait()", max_steps=2)

@@ -13,22 +13,23 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from dart_jax.run.schema import RunConfig
+from dart_jax.config.schema import RunConfig
 from dart_jax.config import apply_overrides, from_dict, to_dict
 from dart_jax.models import hf_io
 from dart_jax.models.tiny import make_tiny_hf_dir
-from dart_jax.run.stack import LocalStack
-from dart_jax.train.batch import BucketSpec, Collator
+from dart_jax.testing.stack import LocalStack
+from dart_jax.train.batch import BucketSpec
+from dart_jax.train.collate import Collator
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.rescore import rescore
 from dart_jax.wire import from_bytes
 from dart_jax.wire.messages import TaskSpec, Trajectory, WeightBucket, WeightPull
 from envs.config import Latency, SyntheticSlots
+from tests.stores import content_duplicates
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -220,8 +221,8 @@ def test_a_killed_worker_loses_nothing_acknowledged_and_its_assignments_return(s
     system.kill_worker("w0")
     acked = [json.loads(line)["traj"] for line in
              system.run.metrics_path("rollout-w0").read_text().splitlines() if '"traj"' in line]
-    stored = [t.traj_id for t in system.trajectories()]
-    assert set(acked) <= set(stored) and len(stored) == len(set(stored))
+    assert set(acked) <= {t.traj_id for t in system.trajectories()}
+    assert content_duplicates(system.run.data / "store.sqlite") == []
     # the restarted worker (a new session) gets its work again and the newest weights
     newest = system.publisher.version
     restarted = time.time()

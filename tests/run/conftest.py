@@ -1,19 +1,8 @@
-"""Fixtures of the tests of dart_jax.run: the recorded run, and a Ray cluster.
+"""Fixtures of the tests of dart_jax.run: a two-node Ray cluster on this machine."""
 
-tests/run/data/run is a run of about 40 seconds recorded with
-
-    PYTHONPATH=$PWD python tests/run/data/emulate.py tests/run/data/run
-
-the real data manager (scheduling, ingest, curation, batch records) driven by emulated
-rollout workers (2 x 3 episodes, 8 env slots) and an emulated trainer on the wall clock,
-each writing what the real role writes (see that script's docstring). Tests get a copy,
-since rendering writes under the run directory.
-"""
-
+import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,51 +11,62 @@ from typing import Iterator
 
 import pytest
 
-RECORDED = Path(__file__).parent / "data" / "run"
+from tests.net import free_port
 
 
-@pytest.fixture
-def recorded(tmp_path) -> Path:
-    return Path(shutil.copytree(RECORDED, tmp_path / "run"))
+NODES = {"envs": {"envs": 2}, "rollout": {"rollout": 1}}  # node -> its custom resources (a GPU node's stand-in)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ray_start(tmp: Path, name: str, args: list[str]) -> subprocess.Popen:
+    """`ray start --block` for one node, without this checkout on PYTHONPATH: actors get the
+    code from the job's runtime_env."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [str(Path(sys.executable).with_name("ray")), "start", "--block", "--num-gpus=0", "--disable-usage-stats",
+            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}", *args]
+    out = open(tmp / f"{name}.log", "w")
+    node = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True, env=env)
+    deadline = time.monotonic() + 180
+    while "This command will now block" not in (tmp / f"{name}.log").read_text():
+        if node.poll() is not None or time.monotonic() > deadline:
+            os.killpg(node.pid, signal.SIGKILL)
+            pytest.fail(f"ray start failed: {(tmp / f'{name}.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    return node
+
+
+def _ray_stop(node: subprocess.Popen) -> None:
+    node.send_signal(signal.SIGTERM)  # ray start --block drains the node and stops its processes
+    try:
+        node.wait(120)
+    finally:
+        try:
+            os.killpg(node.pid, signal.SIGKILL)  # whatever it left behind
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory) -> Iterator[str]:
-    """A one-node Ray cluster for the session (`ray start --head`, every port chosen now, no
-    dashboard); yields its address. Ray names the node by the host's own address even when
-    told 127.0.0.1, so that is the address roles on it are reached at; nothing leaves this
-    machine. Stopped at the end of the session, this process disconnected first."""
+    """A two-node Ray cluster for the session on this machine: the head holds the `envs`
+    resource (an env pool's node), a second `ray start` the `rollout` one (a GPU node's
+    stand-in); every port chosen now, no dashboard. Yields the head's address. Ray names both
+    nodes by the host's own address even when told 127.0.0.1, so that is the address roles on
+    them are reached at; nothing leaves this machine. Stopped at the end of the session (the
+    worker node first), this process disconnected first."""
     tmp = tmp_path_factory.mktemp("ray")
     port = free_port()
-    argv = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
-            "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false", f"--dashboard-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
-            "--disable-usage-stats", f"--temp-dir={tmp}"]
-    out = open(tmp / "head.log", "w")
-    head = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while "Ray runtime started" not in (tmp / "head.log").read_text():
-        if head.poll() is not None or time.monotonic() > deadline:
-            os.killpg(head.pid, signal.SIGKILL)
-            pytest.fail(f"ray start failed: {(tmp / 'head.log').read_text()[-3000:]}")
-        time.sleep(0.5)
+    head = _ray_start(tmp, "head", ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                                    f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
+                                    f"--resources={json.dumps(NODES['envs'])}", f"--temp-dir={tmp}"])
+    nodes = [head]
     try:
+        nodes.append(_ray_start(tmp, "rollout", [f"--address=127.0.0.1:{port}", "--num-cpus=2",
+                                                 f"--resources={json.dumps(NODES['rollout'])}"]))
         yield f"127.0.0.1:{port}"
     finally:
         import ray
         ray.shutdown()
-        head.send_signal(signal.SIGTERM)  # ray start --block drains the node and stops its processes
-        try:
-            head.wait(120)
-        finally:
-            try:
-                os.killpg(head.pid, signal.SIGKILL)  # whatever it left behind
-            except ProcessLookupError:
-                pass
-            out.close()
+        for node in reversed(nodes):
+            _ray_stop(node)

@@ -7,7 +7,6 @@ import pytest
 
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.run import demos
-from dart_jax.models.tiny import make_tiny_hf_dir
 from dart_jax.wire import RemoteError, WireConfig
 from dart_jax.wire.messages import Error, TaskSpec
 from envs.config import EnvServerConfig, SyntheticSlots
@@ -15,8 +14,8 @@ from envs.server import serving
 
 
 @pytest.fixture(scope="module")
-def builder(tmp_path_factory):
-    return PromptBuilder.from_pretrained(make_tiny_hf_dir(tmp_path_factory.mktemp("tiny")))
+def builder(tiny_dir):
+    return PromptBuilder.from_pretrained(tiny_dir)
 
 
 def test_oracle_demos_through_env_server_record_what_the_policy_saw(builder):

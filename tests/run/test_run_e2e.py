@@ -5,13 +5,15 @@ One run (configs/rl.yaml made small): the experience pool from oracle demonstrat
 vLLM CPU rollout worker, synthetic env slots, the data manager and the RL trainer. While it
 runs, the env server, the rollout worker, the data manager and the trainer are each
 SIGKILLed once, one after another as the trainer publishes versions. The run must finish
-with every role restarted, no acknowledged trajectory lost or duplicated, every published
-version reaching the worker, and the plots on disk.
+with every role restarted, the trainer resumed from its last checkpoint, no acknowledged
+trajectory lost or stored twice, every published version reaching the worker, and the plots
+on disk.
 """
 
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.stores import content_duplicates, stored_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +35,7 @@ def _overrides(tmp: Path) -> list[str]:
             f"envs.wire.endpoint={sock('envs')}", f"data.wire.endpoint={sock('dm')}",
             f"weights.announce.endpoint={sock('announce')}", f"weights.serve.endpoint={sock('weights')}",
             "envs.slots=[{type: synthetic, count: 4}]",
-            "job.suites=[{backend: synthetic, names: [click-button, enter-text], train_seeds: 3, eval_seeds: 1}]",
+            "tasks.suites=[{backend: synthetic, names: [click-button, enter-text], train_seeds: 3, eval_seeds: 1}]",
             "data.curation.tasks_per_batch=2", "data.curation.default_max_steps=3", "data.curation.max_steps=3",
             "rollout.episodes=4", "rollout.sampling.max_tokens=24", "rollout.engine.max_model_len=4096",
             "trainer.buckets.seq_lens=[1024, 2048]", "trainer.buckets.num_slots=[2048, 4096]",
@@ -52,13 +56,21 @@ def _version(run: Path) -> int:
     return max((json.loads(line).get("policy/version", 0) for line in lines), default=0)
 
 
-def _kill_when(run: Path, proc, version: int, role: str) -> None:
+def _kill_when(run: Path, proc, version: int, role: str) -> int:
+    """SIGKILL `role` once the trainer published `version`; returns the trainer's last step then."""
     deadline = time.monotonic() + 900
     while _version(run) < version:
         assert proc.poll() is None, f"the run ended early: {proc.stderr.read()[-3000:]}"
         assert time.monotonic() < deadline, f"no version {version} in 900 s"
         time.sleep(1)
     os.killpg(_role_pid(run, role), signal.SIGKILL)  # the role and its children (a worker's engine)
+    return max(json.loads(line)["step"] for line in (run / "metrics" / "trainer.jsonl").read_text().splitlines())
+
+
+def _resumed_at(run: Path) -> list[int]:
+    """The steps the trainer said it resumed at (its JSON log, across restarts)."""
+    lines = [json.loads(line) for line in (run / "logs" / "trainer.log").read_text().splitlines()]
+    return [int(m["message"].split()[3]) for m in lines if m["message"].startswith("resumed at step ")]
 
 
 def test_the_whole_loop_survives_each_role_killed_once(tmp_path):
@@ -67,7 +79,7 @@ def test_the_whole_loop_survives_each_role_killed_once(tmp_path):
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for version, role in ((1, "env-server"), (2, "rollout"), (3, "data-manager"), (4, "trainer")):
-            _kill_when(run, proc, version, role)
+            last_step = _kill_when(run, proc, version, role)
         out, err = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
@@ -78,18 +90,25 @@ def test_the_whole_loop_survives_each_role_killed_once(tmp_path):
     assert summary["rl_steps"] == STEPS and summary["policy_versions"] >= STEPS
     assert summary["restarts"] == {"env-server": 1, "rollout": 1, "data-manager": 1, "trainer": 1}
     assert all(Path(p).stat().st_size > 10_000 for p in summary["plots"])
-    # nothing acknowledged was lost or stored twice
-    import sqlite3
-    db = sqlite3.connect(f"file:{run / 'data' / 'store.sqlite'}?mode=ro", uri=True)
-    stored = [r[0] for r in db.execute("SELECT traj_id FROM trajectories")]
+    # the killed trainer resumed from its last checkpoint (one a step), not from step 0: at the
+    # step it last logged or, if that save was still in flight, the one before; and it went on
+    # from there (every step logged after the restart comes after it)
+    [resumed] = _resumed_at(run)
+    assert 1 <= last_step - 1 <= resumed <= last_step, (resumed, last_step)
+    steps = [json.loads(line)["step"] for line in (run / "metrics" / "trainer.jsonl").read_text().splitlines()]
+    after = steps[steps.index(last_step) + 1:]
+    assert after and after[0] == resumed + 1 and after == sorted(after), steps
+    # nothing acknowledged was lost, and no episode was stored twice (by content: task and tokens)
+    store = run / "data" / "store.sqlite"
     acked = [json.loads(line)["traj"] for line in (run / "metrics" / "rollout-rollout-0.jsonl").read_text().splitlines()
              if '"traj"' in line]
-    assert acked and set(acked) <= set(stored) and len(stored) == len(set(stored))
+    assert acked and set(acked) <= set(stored_ids(store))
+    assert content_duplicates(store) == []
     # the worker took the trainer's versions (the ones published while it was up)
     synced = {json.loads(line)["sync_version"] for line in
               (run / "metrics" / "rollout-rollout-0.jsonl").read_text().splitlines() if "sync_version" in line}
     assert len(synced) >= STEPS - 2
-    batches = db.execute("SELECT count(*) FROM batches").fetchone()[0]
-    assert batches >= STEPS
+    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    assert db.execute("SELECT count(*) FROM batches").fetchone()[0] >= STEPS
     for role in ("env-server", "rollout", "data-manager", "trainer"):
         assert f"{role} exited with code -9" in err, role

@@ -22,7 +22,7 @@ def test_sigterm_stops_every_role_and_engine(tmp_path):
             "run.view=lines", "run.phases=[rl]", f"envs.wire.endpoint={sock('envs')}", f"data.wire.endpoint={sock('dm')}",
             f"weights.announce.endpoint={sock('announce')}", f"weights.serve.endpoint={sock('weights')}",
             "envs.slots=[{type: synthetic, count: 2}]",
-            "job.suites=[{backend: synthetic, names: [click-button], train_seeds: 2, eval_seeds: 0}]"]
+            "tasks.suites=[{backend: synthetic, names: [click-button], train_seeds: 2, eval_seeds: 0}]"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300

@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from dart_jax.run import supervisor as sup_lib
-from dart_jax.run.schema import RoleSpec, RunConfig, RunSection
+from dart_jax.config.schema import RunConfig
+from dart_jax.run.config import RoleSpec, RunSection
 from dart_jax.run.supervisor import RunFailed, Supervisor, instance_configs
 from dart_jax.rundir import RunDir
 from dart_jax.wire import Server, WireConfig
@@ -33,7 +34,7 @@ class Launcher:
     def __init__(self, scripts):
         self.scripts, self.started = scripts, []
 
-    def start(self, instance, resources=None):
+    def start(self, instance, spec=None, index=0):
         self.started.append(instance.name)
         return Scripted(self.scripts[instance.name].pop(0))
 
@@ -127,7 +128,7 @@ class OnNode(Scripted):
 
 
 class ClusterLauncher(Launcher):
-    def start(self, instance, resources=None):
+    def start(self, instance, spec=None, index=0):
         self.started.append(instance.name)
         return OnNode(**self.scripts[instance.name].pop(0))
 
@@ -147,7 +148,7 @@ def test_a_replaced_process_keeps_the_restarts_its_cluster_made(tmp_path, monkey
 
 
 def test_an_env_server_on_all_interfaces_is_pinged_at_its_node(tmp_path, monkeypatch):
-    from tests.run.conftest import free_port
+    from tests.net import free_port
     port = free_port()
     at_node = WireConfig(endpoint=f"tcp://127.0.0.2:{port}")  # reachable there, not at 0.0.0.0 (127.0.0.1)
     server = Server(at_node, lambda m: Pong(role="env-server", pid=0, uptime_s=0.0), role="env-server").start()

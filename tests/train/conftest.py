@@ -1,14 +1,9 @@
 import pytest
 
-from dart_jax.agent.prompt import PromptBuilder, PromptConfig
+from dart_jax.agent.config import PromptConfig
+from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.wire.trajfiles import write_trajectories
-from dart_jax.models.tiny import make_tiny_hf_dir
-from tests.train.trajectories import trajectory
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    return make_tiny_hf_dir(tmp_path_factory.mktemp("tiny_hf"))
+from tests.trajectories import trajectory
 
 
 @pytest.fixture(scope="session")

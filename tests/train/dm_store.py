@@ -14,23 +14,16 @@ import numpy as np
 from dart_jax.config import dump
 from dart_jax.data.config import CurationConfig, DataManagerConfig, TaskEntry, TaskSourceConfig
 from dart_jax.data.service import serve
-from dart_jax.run.schema import PolicySection, RunConfig, RunSection
+from dart_jax.config.schema import RunConfig
+from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfig, TrainerConfig
-from dart_jax.train.main import TrainRunConfig
+from dart_jax.train.config import TrainRunConfig
 from dart_jax.wire import Client, WireConfig
-from dart_jax.wire.messages import Step, SubmitTrajectory, Trajectory
+from dart_jax.wire.messages import SubmitTrajectory
 from dart_jax.wire.config import WeightSyncConfig
+from tests.trajectories import text_trajectory
 
 TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
-
-
-def rollout(rng, traj_id: str, task_id: str, success: bool) -> Trajectory:
-    steps = [Step(prompt_ids=rng.integers(10, 500, int(rng.integers(20, 120))).astype(np.int32),
-                  response_ids=(r := rng.integers(10, 500, int(rng.integers(4, 30))).astype(np.int32)),
-                  logprobs=-rng.random(len(r), dtype=np.float32) * 5, image_refs=[], policy_version=0,
-                  response_text="x") for _ in range(int(rng.integers(1, 3)))]
-    return Trajectory(traj_id=traj_id, task_id=task_id, steps=steps, screenshots=[], reward=float(success),
-                      status="success" if success else "failure")
 
 
 def dm_config(ipc: str) -> DataManagerConfig:
@@ -48,7 +41,7 @@ def fill(root, n: int = 48) -> None:
     rng = np.random.default_rng(0)
     with Client(cfg.wire) as client:
         for i in range(n):
-            client.request(SubmitTrajectory(trajectory=rollout(rng, f"r{i}", f"t{i % 2}", success=i % 3 == 0)),
+            client.request(SubmitTrajectory(trajectory=text_trajectory(rng, f"r{i}", f"t{i % 2}", float(i % 3 == 0), prompt_len=(20, 120), response_len=(4, 30))),
                            timeout_s=60)
     stop.set()
     thread.join()

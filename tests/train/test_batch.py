@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from dart_jax.models.inputs import make_inputs
-from dart_jax.train.batch import Bucket, BucketSpec, Collator, StepShape, TrainBatch, align_step
+from dart_jax.train.batch import Bucket, BucketSpec, StepShape, TrainBatch
+from dart_jax.train.collate import Collator, align_step
 from dart_jax.train.screens import InlineScreens, decode_png
-from tests.train.trajectories import examples, trajectory
+from tests.trajectories import examples, trajectory
 
 SPEC = BucketSpec(seq_lens=(1024, 768), num_slots=(1536, 768), rows=4)
 
@@ -49,11 +50,7 @@ def test_examples_align_prompt_response_and_sampler_logprobs(collator, traj, bui
 
 
 def test_pixel_values_equal_transformers_processor(collator, traj, tiny_dir):
-    try:
-        from transformers import AutoImageProcessor
-        proc = AutoImageProcessor.from_pretrained(tiny_dir)
-    except Exception as e:  # a torchvision that does not match torch makes this fail
-        pytest.skip(f"transformers' Qwen2VLImageProcessor does not load here: {type(e).__name__}: {e}")
+    proc = pytest.importorskip("transformers").AutoImageProcessor.from_pretrained(tiny_dir)
     step = traj.steps[2]
     images = [decode_png(traj.screenshots[r]) for r in step.image_refs]
     ref = proc(images=images, return_tensors="np")

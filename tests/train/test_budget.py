@@ -70,7 +70,7 @@ class Batches:
 
 def _sft(steps: int, update_s: float, budget: loop.Budget | None):
     trainer, ckpt, records = FakeTrainer(update_s), FakeCheckpointer(), []
-    loop.sft(trainer, Batches(), ckpt, steps, lambda step, values: records.append((step, values)), budget)
+    loop.sft_loop(trainer, Batches(), ckpt, steps, lambda step, values: records.append((step, values)), budget)
     return trainer, ckpt, records
 
 

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dart_jax.train.kernels import (auto_chunks, naive_token_logprobs_entropy, token_logprobs_entropy,
+from dart_jax.train.kernels import (auto_chunks, kernel_chunks, naive_token_logprobs_entropy, token_logprobs_entropy,
                                     token_logprobs_entropy_BxT)
 
 
@@ -122,6 +122,6 @@ def test_auto_chunks_are_exact(backend):
 
 def test_kernel_config_sets_what_it_names_and_leaves_the_rest_auto():
     from dart_jax.train.config import KernelConfig
-    assert KernelConfig().chunks("gpu", 8 * 4096, 151_936) == (4096, 15_232)
-    assert KernelConfig(chunk_vocab=4096).chunks("gpu", 8 * 4096, 151_936) == (4096, 4096)
-    assert KernelConfig(chunk_tokens=256).chunks("cpu", 100, 101) == (256, 101)
+    assert kernel_chunks(KernelConfig(), "gpu", 8 * 4096, 151_936) == (4096, 15_232)
+    assert kernel_chunks(KernelConfig(chunk_vocab=4096), "gpu", 8 * 4096, 151_936) == (4096, 4096)
+    assert kernel_chunks(KernelConfig(chunk_tokens=256), "cpu", 100, 101) == (256, 101)

@@ -11,7 +11,6 @@ and every host of the pod stops at step STEPS with it.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,24 +20,19 @@ import pytest
 from safetensors.numpy import load_file
 
 from dart_jax.config import dump
-from dart_jax.run.schema import PolicySection, RunConfig, RunSection
-from dart_jax.train.config import BucketConfig, MeshConfig, OptimizerConfig, TrainerConfig
-from dart_jax.train.main import DistributedConfig, TrainRunConfig
+from dart_jax.config.schema import RunConfig
+from dart_jax.run.config import PolicySection, RunSection
+from dart_jax.train.config import BucketConfig, DistributedConfig, MeshConfig, OptimizerConfig, TrainerConfig, TrainRunConfig
 from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import Ping, WeightAnnounce
 from dart_jax.wire.pubsub import Subscriber
 from dart_jax.wire.weights import Puller, WeightTransferError
+from tests.net import free_port
 from tests.train import dm_store
 
 pytestmark = pytest.mark.slow
 STEPS = 3  # the batches 24 rollouts make (two tasks, groups of 4, two tasks a batch)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +110,7 @@ def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, 
     # rows are per host: the same global batch of 4 rows either way, one row a device
     one, one_path, stop_one = _config(tmp_path, "one", store, tiny_dir, DistributedConfig(), rows=4)
     pod, pod_path, stop_pod = _config(tmp_path, "pod", store, tiny_dir, DistributedConfig(
-        mode="explicit", coordinator=f"127.0.0.1:{_port()}", num_processes=2), rows=2)
+        mode="explicit", coordinator=f"127.0.0.1:{free_port()}", num_processes=2), rows=2)
     pullers = [Follower(one.weights), Follower(pod.weights)]
     try:
         single = _train(one_path, devices=4)

@@ -14,16 +14,16 @@ from dart_jax.data import service
 from dart_jax.data.config import DataManagerConfig
 from dart_jax.data.store import Store
 from dart_jax.data.tasks import write_task_file
-from dart_jax.data.testing import put, task_specs
+from dart_jax.testing.trajectories import put, task_specs
 from dart_jax.models.sharding import make_mesh
-from dart_jax.train.batch import Collator
+from dart_jax.train.collate import Collator
 from dart_jax.train.config import LossConfig, SelectionConfig, TrainerConfig
-from dart_jax.train.pipeline import DataManagerSource, plan_batch
+from dart_jax.train.sources import DataManagerSource, layout_rl_batch
 from dart_jax.train.screens import FetchedScreens
 from dart_jax.train.trainer import Trainer
 from dart_jax.wire import Client, codec
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, Step, Trajectory
-from tests.train.trajectories import collator
+from tests.trajectories import collator
 
 TASKS, GROUP, STEPS, SHOWN = 8, 8, 30, 5  # DART's prompt keeps the last 5 screenshots
 
@@ -93,7 +93,7 @@ def _first_screens(traj: Trajectory, step: Step) -> bool:
 
 def test_an_osworld_sized_batch_flows_from_the_data_manager_into_a_train_step(osworld_manager, tiny_dir):
     """The curated batch names its screenshots by hash and stays under the message limit (the
-    PNGs inline would exceed it 4 times over); the trainer plans all 1920 steps from screenshot
+    PNGs inline would exceed it 4 times over); the trainer lays out all 1920 steps from screenshot
     sizes alone, fetches by hash over the wire the screenshots of the steps it trains, decodes
     each once however many steps show it, and runs one RL update."""
     cfg, trajs = osworld_manager
@@ -107,10 +107,10 @@ def test_an_osworld_sized_batch_flows_from_the_data_manager_into_a_train_step(os
     assert message < limit / 2 and inline_png > 4 * limit
 
     def no_fetch(shas):
-        raise AssertionError("planning fetched screenshots")
+        raise AssertionError("the layout fetched screenshots")
 
     every = collator(tiny_dir, 8, seq_lens=(4096, 16384), num_slots=(11520, 57600))  # holds every step
-    assert len(plan_batch(batch, every, FetchedScreens(batch.screens, no_fetch), shard=(0, 1)).reward_N) == 1920
+    assert len(layout_rl_batch(batch, every, FetchedScreens(batch.screens, no_fetch), shard=(0, 1)).reward_N) == 1920
 
     # the trainer keeps 4 single-screenshot steps (what a 2-core CPU trains in a test's time),
     # each at full size: 11,520 vision slots of 1920x1080 pixels
@@ -125,7 +125,7 @@ def test_an_osworld_sized_batch_flows_from_the_data_manager_into_a_train_step(os
     metrics = trainer.update_rl(rl, col)
     source.close()
 
-    shown = {rl.screens.refs(r.traj)[0].sha256 for rows in rl.plan for row in rows for r in row}
+    shown = {rl.screens.refs(r.traj)[0].sha256 for rows in rl.layout for row in rows for r in row}
     assert len(shown) == 3  # one shown twice: fetched and decoded once
     assert sorted(sha for a in asked for sha in a) == sorted(shown)
     assert int(metrics["batch/steps"]) == 4 and int(metrics["batch/screens_decoded"]) == 3

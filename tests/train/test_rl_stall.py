@@ -7,7 +7,7 @@ waiting forever."""
 import pytest
 
 from dart_jax.train.config import CheckpointConfig
-from dart_jax.train.main import TrainRunConfig
+from dart_jax.train.config import TrainRunConfig
 from tests.train import dm_store
 from tests.train.dm_store import records, train
 

@@ -1,14 +1,24 @@
 """The train step on the tiny policy: sharding, accumulation, old logprobs, SFT."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
+from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
+from dart_jax.models.inputs import ModelInputs
+from dart_jax.models.qwen25vl import abstract_model
 from dart_jax.models.sharding import make_mesh
-from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig,
+from dart_jax.train.batch import TrainBatch
+from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig, TISConfig,
                                    TrainerConfig)
+from dart_jax.train import step
+from dart_jax.train.prepare import prepare_rl, prepare_sft
+from dart_jax.train.optimizer import schedule_of
+from dart_jax.train.step import RowTargets, Scores, TrainFunctions, token_scores
 from dart_jax.train.trainer import Trainer
-from tests.train.trajectories import collator, examples, plan_inline, trajectory
+from tests.trajectories import collator, examples, layout_inline, trajectory
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +40,17 @@ def _assert_close(a, b, atol=1e-5):
 
 def test_sharded_step_on_8_devices_matches_one_device(tiny_dir, group_trajs):
     # every RL term is on: selection, TIS, k3 KL (reference pass), GSPO-free dual clip
-    cfg = TrainerConfig(mode="rl", loss=LossConfig(kl_coef=0.1, policy=DualClipLoss()))
+    # lr 1e-3: AdamW moves each weight by about that much, far past the tolerance the two
+    # meshes' weights are compared at, so a wrong update on either mesh shows
+    cfg = TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-3),
+                        loss=LossConfig(kl_coef=0.1, policy=DualClipLoss()))
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
+    rl = layout_inline(group_trajs, col)
     results = []
     for mesh in (make_mesh(1, 1, 1), make_mesh(data=2, fsdp=2, tp=2)):
         tr = Trainer(cfg, tiny_dir, mesh)
-        micro, rows, _ = tr.prepare_rl(rl, col)
-        acc = tr.gradients(micro, rows)
+        before = jax.device_get(tr.state.params)
+        acc = tr.gradients(prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg))
         grads = _mean_grads(acc, cfg.loss.aggregation)
         metrics = jax.device_get(tr._apply(acc))
         results.append((grads, metrics, jax.device_get(tr.state.params)))
@@ -46,7 +59,12 @@ def test_sharded_step_on_8_devices_matches_one_device(tiny_dir, group_trajs):
     for key in ("loss/total", "loss/policy", "loss/kl", "optim/grad_norm"):
         np.testing.assert_allclose(m8[key], m1[key], atol=1e-5, err_msg=key)
     assert float(m1["optim/grad_norm"]) > 0
-    _assert_close(p1, p8)
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(before)))
+    assert moved > 0.5 * cfg.optimizer.lr
+    # Adam's first step moves each weight by about lr * sign(g), so a weight whose gradient is
+    # near zero turns the meshes' different summation orders into a visible difference: the
+    # updates are compared to 5% of one step (a wrong update differs by about a whole step)
+    _assert_close(p1, p8, atol=0.05 * cfg.optimizer.lr)
 
 
 @pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean"])
@@ -58,7 +76,7 @@ def test_accumulated_micro_batches_equal_one_batch(tiny_dir, group_trajs, mode):
     rows = [e for t in group_trajs[:2] for e in examples(collator(tiny_dir, 4), t)][:3]
     whole = [collator(tiny_dir, 4).collate(rows)]
     halves = [collator(tiny_dir, 2).collate(rows[:2]), collator(tiny_dir, 2).collate(rows[2:])]
-    accs = [tr.gradients(*tr.prepare_sft(batches)) for batches in (whole, halves)]
+    accs = [tr.gradients(prepare_sft(tr.mesh, batches)) for batches in (whole, halves)]
     _assert_close(_mean_grads(accs[0], mode), _mean_grads(accs[1], mode))
     loss = [float(a.sums["loss/total"]) / float(a.counts.of(mode)) for a in accs]
     np.testing.assert_allclose(loss[0], loss[1], rtol=1e-6)
@@ -72,7 +90,7 @@ def _rl_cfg(**kw):
 
 def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, group_trajs):
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
+    rl = layout_inline(group_trajs, col)
     once = Trainer(_rl_cfg(), tiny_dir, make_mesh(1, 1, 1))
     for _ in range(2):  # a fresh batch each time: old = current policy, ratio exactly 1
         m = jax.device_get(once.update_rl(rl, col))
@@ -80,20 +98,28 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
     twice = Trainer(_rl_cfg(updates_per_batch=2), tiny_dir, make_mesh(1, 1, 1))
     m = jax.device_get(twice.update_rl(rl, col))  # the second update's metrics
     assert twice.step == 2 and abs(float(m["loss/ratio"]) - 1.0) > 1e-3
-    assert twice.steps.compiles["score"] >= 1  # old logprobs came from the no-grad pass
+    assert twice.fns.compiles["score"] >= 1  # old logprobs came from the no-grad pass
 
 
-def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs):
+@pytest.mark.parametrize("scope", ["batch", "balanced"])
+def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs, scope):
+    """batch: the top half of the 8 steps; balanced: the top half of each task's successes'
+    steps and of its failures' (2 of each: one each), each group's signed weights still
+    summing to zero (adv/net 0)."""
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
-    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5)), tiny_dir,
+    rl = layout_inline(group_trajs, col)
+    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope=scope)), tiny_dir,
                  make_mesh(1, 1, 1))
     m = jax.device_get(tr.update_rl(rl, col))
-    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4  # top half of 8 steps
+    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4
     assert float(m["select/kept_frac"]) == 0.5
     kept, threshold, dropped = (float(m[f"select/{k}"]) for k in ("entropy_kept", "threshold",
                                                                       "entropy_dropped"))
-    assert kept >= threshold >= dropped
+    assert kept >= threshold
+    if scope == "batch":
+        assert threshold >= dropped
+    else:
+        assert abs(float(m["adv/net"])) < 1e-6
 
 
 def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, group_trajs):
@@ -105,20 +131,20 @@ def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, gro
     results = []
     for pack in (1, 2):
         col = collator(tiny_dir, 2, seq_lens=(2048,), num_slots=(3072,), pack=pack)
-        rl = plan_inline(group_trajs[:2], col)  # one task: a success and a failure, two steps each
-        steps = [r for rows in rl.plan for row in rows for r in row]
-        micro, rows, metrics = tr.prepare_rl(rl, col)
+        rl = layout_inline(group_trajs[:2], col)  # one task: a success and a failure, two steps each
+        steps = [r for rows in rl.layout for row in rows for r in row]
+        prepared = prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg)
         logp = {}
-        for m, (mb, targets) in enumerate(zip(micro, rows)):
+        for m, (mb, targets) in enumerate(zip(prepared.micro, prepared.rows)):
             mask_NxT = np.asarray(mb.loss_mask_BxPxT).reshape(-1, 2048)
             old_NxT = np.asarray(targets.scores.logp_old_NxT)
             for slot, k in enumerate(rl.slot_steps(m)):
                 if k >= 0:
                     logp[steps[k].traj, steps[k].step] = old_NxT[slot][mask_NxT[slot] > 0]
-        results.append((rl, logp, jax.device_get(tr.gradients(micro, rows)), jax.device_get(metrics)))
+        results.append((rl, logp, jax.device_get(tr.gradients(prepared)), jax.device_get(prepared.metrics)))
     (single, logp1, acc1, m1), (packed, logp2, acc2, m2) = results
-    assert [len(row) for rows in single.plan for row in rows] == [1, 1, 1, 1]
-    assert [len(row) for rows in packed.plan for row in rows] == [2, 2]  # one microbatch
+    assert [len(row) for rows in single.layout for row in rows] == [1, 1, 1, 1]
+    assert [len(row) for rows in packed.layout for row in rows] == [2, 2]  # one microbatch
     assert sorted(logp1) == sorted(logp2) and len(logp1) == 4
     for key in logp1:
         np.testing.assert_allclose(logp2[key], logp1[key], atol=1e-5, err_msg=str(key))
@@ -138,7 +164,6 @@ def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, gro
     ("cosine", [0.0, 0.5, 1.0, 0.5, 0.0]),
 ])
 def test_schedules(schedule, want):
-    from dart_jax.train.optimizer import schedule_of
     lr = schedule_of(OptimizerConfig(lr=1.0, schedule=schedule, warmup_steps=2, total_steps=4))
     np.testing.assert_allclose([float(lr(i)) for i in range(5)], want, atol=1e-6)
 
@@ -154,19 +179,14 @@ def test_bf16_compute_keeps_fp32_master_weights(tiny_dir, group_trajs):
 # ---- compiled-program facts (XLA's own analysis of the accumulate step, shapes only) ----
 
 def _abstract_step(layers: int, remat: str, rows=2, seq_len=2048):
-    """Steps' compiled `accumulate` (forward + backward of the SFT loss) of a 256-wide decoder."""
-    from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
-    from dart_jax.models.inputs import ModelInputs
-    from dart_jax.models.qwen25vl import abstract_model
-    from dart_jax.train.batch import TrainBatch
-    from dart_jax.train.step import RowTargets, Scores, Steps
+    """TrainFunctions' compiled `accumulate` (forward + backward of the SFT loss) of a 256-wide decoder."""
 
     text = TextConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, mrope_section=(8, 12, 12))
     vision = VisionConfig(depth=1, hidden_size=64, intermediate_size=64, num_heads=2, out_hidden_size=256,
                           fullatt_block_indexes=(0,))
     graphdef, params = abstract_model(Qwen25VLConfig(text=text, vision=vision))
-    steps = Steps(graphdef, params, TrainerConfig(mode="sft", remat=remat), make_mesh(1, 1, 1))
+    fns = TrainFunctions(graphdef, params, TrainerConfig(mode="sft", remat=remat), make_mesh(1, 1, 1))
     sds = jax.ShapeDtypeStruct
     i32, f32 = np.int32, np.float32
     BxT, BxP, B = (rows, seq_len), (rows, 1), (rows,)
@@ -176,8 +196,8 @@ def _abstract_step(layers: int, remat: str, rows=2, seq_len=2048):
                     sds(BxP, np.bool_))
     row_targets = RowTargets(sds(B, f32), sds(B, f32), Scores(None, None, None))
     params = jax.tree.map(lambda x: sds(x.shape, x.dtype), params)
-    acc = steps.accumulator_shapes(params, mb, row_targets)
-    return steps.compile_accumulate(params, acc, mb, row_targets)
+    acc = fns.accumulator_shapes(params, mb, row_targets)
+    return fns.compile_accumulate(params, acc, mb, row_targets)
 
 
 def test_remat_full_keeps_a_small_fraction_of_the_activations():
@@ -202,19 +222,16 @@ def test_an_rl_update_favours_the_successes_over_the_failures(tiny_dir, group_tr
     """The sign of the whole RL path (plan, advantages, loss, optimizer): after one update on
     a batch, the log-likelihood of each task's successful responses rose by more than that
     of its failed ones (all may move together: Adam's first step moves every weight)."""
-    from dart_jax.train.config import TISConfig
-    from dart_jax.train.step import token_scores
-
     cfg = _rl_cfg(loss=LossConfig(kl_coef=0.0, advantage_normalize=normalize), tis=TISConfig(enabled=False))
     col = collator(tiny_dir, 4)
-    rl = plan_inline(group_trajs, col)
+    rl = layout_inline(group_trajs, col)
     tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
 
     def loglik_per_step() -> np.ndarray:
-        micro, _, _ = tr.prepare_rl(rl, col)
+        micro = prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg).micro
         out = np.zeros(len(rl.reward_N))
         for m, mb in enumerate(micro):
-            logp, _ = token_scores(tr.steps.graphdef, tr.state.params, mb, cfg)
+            logp, _ = token_scores(tr.fns.graphdef, tr.state.params, mb, cfg)
             per_slot = np.asarray((logp * mb.loss_mask_BxPxT.reshape(logp.shape)).sum(-1))
             steps = rl.slot_steps(m)
             out[steps[steps >= 0]] = per_slot[steps >= 0]
@@ -226,3 +243,60 @@ def test_an_rl_update_favours_the_successes_over_the_failures(tiny_dir, group_tr
     for group in np.unique(rl.group_N):
         won, lost = (delta[(rl.group_N == group) & (rl.reward_N == r)].mean() for r in (1.0, 0.0))
         assert won > lost, (group, won, lost)
+
+
+@pytest.fixture(scope="module")
+def clip_batch(tiny_dir, group_trajs):
+    """One micro-batch of both tasks' steps, its row targets, the trainer and its log-probs."""
+    cfg = _rl_cfg(loss=LossConfig(kl_coef=0.0, aggregation="seq_mean_token_mean"), tis=TISConfig(enabled=False))
+    col = collator(tiny_dir, 8)
+    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
+    prepared = prepare_rl(tr.fns, tr.state.params, tr.ref_params, layout_inline(group_trajs, col), col, cfg)
+    assert len(prepared.micro) == 1
+    mb, rows = prepared.micro[0], prepared.rows[0]
+    logp, _ = token_scores(tr.fns.graphdef, tr.state.params, mb, cfg)
+    return cfg, tr, mb, rows, np.asarray(logp)
+
+
+def _clip_case(clip_batch, clip_to: str, up: float, down: float):
+    """step.rl_loss at the trainer's parameters on the batch with its sampler log-probs set so
+    that each token's ratio pi_now / pi_behaviour is `up` where A > 0 and `down` where A < 0
+    (the policy moved since it sampled them); returns (loss sums with UNIT denominators and
+    the token count, gradient, advantages, weights)."""
+    cfg, tr, mb, rows, logp = clip_batch
+    cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, clip_to=clip_to))
+    adv = np.asarray(rows.adv_N)
+    shift = np.where(adv > 0, np.log(up), np.log(down))[:, None]  # log pi_now - log pi_behaviour
+    mask = np.asarray(mb.loss_mask_BxPxT)
+    behaviour = (logp - shift).reshape(mask.shape) * mask
+    mb = dataclasses.replace(mb, rollout_logp_BxPxT=behaviour.astype(np.float32))
+    grad_fn = jax.grad(lambda p: step.rl_loss(tr.fns.graphdef, cfg, p, mb, rows), has_aux=True)
+    grads, (sums, _, counts) = grad_fn(tr.state.params)
+    sums = {k: float(v) for k, v in jax.device_get(sums).items()} | {"tokens": float(counts.tokens)}
+    return sums, jax.device_get(grads), adv, np.asarray(rows.weight_N)
+
+
+def test_the_clip_acts_when_the_behaviour_policy_differs(clip_batch):
+    """clip_to behaviour: every token's ratio to the policy that sampled it is past the clip
+    (1.5 > 1 + 0.28 with A > 0, 1 / 1.2 < 1 - 0.1 with A < 0): every token counts as clipped,
+    the policy gradient is exactly zero, and each token's loss is the clipped value scaled to
+    the trainer's ratio (r = 1): -1.28 A / 1.5 where A > 0, 0.9 |A| * 1.2 where A < 0."""
+    sums, grads, adv, w = _clip_case(clip_batch, "behaviour", 1.5, 1 / 1.2)
+    want = np.sum(w * np.where(adv > 0, -1.28 * adv / 1.5, 0.9 * 1.2 * np.abs(adv)))  # per-step token means
+    np.testing.assert_allclose(sums["loss/policy"], want, rtol=1e-5)
+    assert sums["tokens"] > 0 and sums["loss/clip_frac"] == sums["tokens"]
+    assert all(float(np.max(np.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
+
+
+def test_inside_the_behaviour_clip_the_gradient_is_the_trainers(clip_batch):
+    """Ratios 1.1 and 1 / 1.05 to the behaviour policy are inside the clip: nothing is clipped,
+    and loss and gradient are those of the trainer's own ratio (-sum w A; the same gradient
+    as clip_to trainer, which never clips with one update per batch, whatever the sampler)."""
+    inside, g_inside, adv, w = _clip_case(clip_batch, "behaviour", 1.1, 1 / 1.05)
+    trainer, g_trainer, _, _ = _clip_case(clip_batch, "trainer", 1.5, 1 / 1.2)
+    assert inside["loss/clip_frac"] == 0.0 and trainer["loss/clip_frac"] == 0.0
+    assert trainer["loss/ratio"] == trainer["tokens"]  # against itself: exactly 1
+    for sums in (inside, trainer):
+        np.testing.assert_allclose(sums["loss/policy"], -np.sum(w * adv), atol=1e-5)
+    assert max(float(np.max(np.abs(g))) for g in jax.tree.leaves(g_trainer)) > 0
+    _assert_close(g_inside, g_trainer, atol=1e-6)

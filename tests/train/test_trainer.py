@@ -2,10 +2,8 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -15,31 +13,21 @@ import yaml
 
 from dart_jax.wire.trajfiles import write_trajectories
 from dart_jax.models.sharding import make_mesh
-from dart_jax.train.batch import BucketSpec, Collator
+from dart_jax.train.batch import BucketSpec
+from dart_jax.train.collate import Collator
 from dart_jax.train.config import BucketConfig, LossConfig, OptimizerConfig, TrainerConfig
-from dart_jax.train.pipeline import plan_batch
+from dart_jax.train.sources import layout_rl_batch
 from dart_jax.train.screens import InlineScreens
 from dart_jax.train.trainer import Trainer
-from dart_jax.wire.messages import CuratedBatch, Step, Trajectory
+from dart_jax.wire.messages import CuratedBatch
+from tests.trajectories import text_trajectory
+from tests.procs import kill_when
 
 SEQ_LENS = (64, 128, 256)
 
 
-def _text_trajectory(rng, traj_id: str, task_id: str, reward: float) -> Trajectory:
-    """A screenshot-free episode whose steps have random lengths (variable-length batches)."""
-    steps = []
-    for _ in range(int(rng.integers(1, 3))):
-        p, r = int(rng.integers(8, 200)), int(rng.integers(2, 40))
-        steps.append(Step(prompt_ids=rng.integers(10, 500, p).astype(np.int32),
-                          response_ids=rng.integers(10, 500, r).astype(np.int32),
-                          logprobs=-rng.random(r, dtype=np.float32) * 6, image_refs=[],
-                          policy_version=0, response_text="x"))
-    return Trajectory(traj_id=traj_id, task_id=task_id, steps=steps, screenshots=[], reward=reward,
-                      status="success" if reward else "failure")
-
-
 def _curated(rng, batch_id: int) -> CuratedBatch:
-    trajs = [_text_trajectory(rng, f"{batch_id}-{t}-{i}", f"task{t}", float(i % 2))
+    trajs = [text_trajectory(rng, f"{batch_id}-{t}-{i}", f"task{t}", float(i % 2))
              for t in range(2) for i in range(3)]
     return CuratedBatch(batch_id=batch_id, trainer_version=0, trajectories=trajs, screens=[[] for _ in trajs])
 
@@ -57,15 +45,15 @@ def test_fifty_rl_steps_compile_once_per_bucket(tiny_dir):
     seen, compiles_after_warmup, losses = set(), None, []
     for step in range(50):
         batch = _curated(rng, step + 1)
-        rl = plan_batch(batch, col, InlineScreens(batch.trajectories), shard=(0, 1))
+        rl = layout_rl_batch(batch, col, InlineScreens(batch.trajectories), shard=(0, 1))
         seen |= {b.seq_len for b in rl.buckets}
         if step == 11:
             assert seen == set(SEQ_LENS)  # every bucket (and plan size) has occurred by now
             compiles_after_warmup = len(listened)
         losses.append(float(trainer.update_rl(rl, col)["loss/total"]))
-    assert trainer.steps.compiles["accumulate"] == len(SEQ_LENS)
-    assert trainer.steps.compiles["score"] == len(SEQ_LENS)
-    assert trainer.steps.compiles["apply"] == 1 and trainer.steps.compiles["zeros"] == 1
+    assert trainer.fns.compiles["accumulate"] == len(SEQ_LENS)
+    assert trainer.fns.compiles["score"] == len(SEQ_LENS)
+    assert trainer.fns.compiles["apply"] == 1 and trainer.fns.compiles["zeros"] == 1
     assert len(listened) == compiles_after_warmup, "steady-state steps compiled again"
     assert all(np.isfinite(losses))
 
@@ -103,12 +91,7 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path, tiny_dir, trajs):
     whole = _train(_write_run_config(tmp_path, "whole", tiny_dir, tmp_path / "demos"))
     killed_cfg = _write_run_config(tmp_path, "killed", tiny_dir, tmp_path / "demos")
     proc = _train(killed_cfg)
-    deadline = time.monotonic() + 600
-    while not any(step >= 5 for step, _ in _losses(tmp_path / "killed")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_when(proc, lambda: any(step >= 5 for step, _ in _losses(tmp_path / "killed")))
     before = _losses(tmp_path / "killed")
     resumed = _train(killed_cfg)
     assert resumed.wait(600) == 0, resumed.stderr.read()[-3000:]

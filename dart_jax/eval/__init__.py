@@ -1,0 +1,1 @@
+"""Held-out evaluation (`dart-jax eval`): episodes on the eval split, Wilson and paired intervals."""

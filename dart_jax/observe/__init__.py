@@ -1,0 +1,1 @@
+"""Watching a run: its records read incrementally, utilization, the live view and the plots."""

@@ -1,0 +1,84 @@
+"""Launchers: how the supervisor starts one role instance, and what it gets back.
+
+    proc = LocalLauncher().start(Instance(...))   # `dart-jax ROLE CONFIG`, its own session
+    proc.exit_code()                              # None while it runs
+    proc.stop(grace_s=20)                         # SIGTERM to its process group, then SIGKILL
+
+Every instance runs `dart-jax ROLE CONFIG` with its own config file; the local launcher
+starts it as a process in a new session, so stopping it reaches everything it started
+(a rollout worker's vLLM engine processes) and nothing is left behind. The Ray launcher
+(dart_jax.run.launchers.ray) places the same command in a Ray actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+
+COMMANDS = {"data-manager": "data-manager", "env-server": "env-server", "rollout": "rollout", "trainer": "train"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One process of a role: `dart-jax ROLE CONFIG`, output appended to `log`."""
+    name: str  # "rollout-1"
+    role: str  # a role of the placement table
+    config: Path
+    log: Path
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "dart_jax.cli", COMMANDS[self.role], str(self.config), *self.extra_args]
+
+
+class Process(Protocol):
+    def exit_code(self) -> int | None: ...
+
+    def stop(self, grace_s: float = 20.0) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+
+class LocalProcess:
+    def __init__(self, instance: Instance):
+        instance.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(instance.log, "ab") as out:
+            self.proc = subprocess.Popen(instance.argv(), stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """SIGTERM the instance's process group; SIGKILL what is left after `grace_s`."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._signal(signal.SIGKILL)  # children that outlived their parent
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class LocalLauncher:
+    def start(self, instance: Instance, spec=None, index: int = 0) -> LocalProcess:
+        """A process on this machine (the placement row `spec` matters to cluster launchers)."""
+        return LocalProcess(instance)

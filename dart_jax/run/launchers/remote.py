@@ -1,0 +1,149 @@
+"""What `dart-jax tpu submit` ships to every host of a slice, and the two scripts each host runs.
+
+    ship(tpu_cfg, ship_dir, config_yaml, runner)   # the wheel of this checkout, its lock, the scripts
+    # on every worker, in tpu.workdir:
+    bash install.sh        # uv, a Python >= 3.11 of uv's, .venv with the wheel and its extras
+    bash launch.sh start   # stop what it started before, start `dart-jax train run.yaml` detached
+    bash launch.sh stop
+
+The scripts are rendered from the `tpu:` section and are the same text the pod rehearsal
+(tests/run/launchers/test_pod_rehearsal.py) runs for two local hosts. TPU VM images run
+Python 3.10 and the pinned jax needs >= 3.11, so the install brings its own interpreter: uv
+from the registry, then uv's managed Python. Entry points are on PATH for the launch because
+launch.sh puts the venv's bin/ first (a non-interactive ssh reads no profile). Two variables
+let an install reuse what a machine already has (the rehearsal; never needed on a slice):
+DART_PYTHON, an interpreter instead of uv's; DART_DEPS_FROM, a site-packages directory that
+already holds the dependencies, so only the wheel is installed (--no-deps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import shutil
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dart_jax.config import UsageError
+from dart_jax.run.launchers.config import SharedRoot, TPUConfig
+
+CONFIG, LOG, PID = "run.yaml", "train.log", "train.pid"
+LOCK = "lock.txt"
+INSTALL, LAUNCH = "install.sh", "launch.sh"
+CHECKOUT = Path(__file__).resolve().parents[3]
+LOCK_SOURCE = Path("requirements/lock-cpu.txt")  # the versions tested together, as constraints
+
+
+@dataclasses.dataclass(frozen=True)
+class Ship:
+    """The files that travel to every worker, all in one local directory."""
+    directory: Path
+    wheel: str  # the wheel's file name
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.directory / n for n in (self.wheel, LOCK, INSTALL, LAUNCH, CONFIG)]
+
+
+def wheel_name(checkout: Path = CHECKOUT) -> str:
+    pyproject = checkout / "pyproject.toml"
+    if not pyproject.is_file():
+        raise UsageError(f"`dart-jax tpu submit` ships a checkout of dart-jax; {checkout} has no pyproject.toml")
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return f"{project['name'].replace('-', '_')}-{project['version']}-py3-none-any.whl"
+
+
+def wheel_argv(out_dir: Path, checkout: Path = CHECKOUT) -> list[str]:
+    """Build the checkout's wheel with the interpreter running us (no download: setuptools is here)."""
+    return [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+            "--wheel-dir", str(out_dir), str(checkout)]
+
+
+def _mount(root: SharedRoot) -> str:
+    if root.kind == "none":
+        return "# no shared root is mounted (tpu.shared_root.kind: none)"
+    path, source = shlex.quote(root.path), shlex.quote(root.source)
+    if root.kind == "nfs":
+        install = "command -v mount.nfs >/dev/null || { sudo apt-get update -q && sudo apt-get install -yq nfs-common; }"
+        mount = f"sudo mount -t nfs -o rw,hard {source} {path}"
+    else:  # orbax renames a step's temporary directory when it commits: gcsfuse must allow it
+        install = ("command -v gcsfuse >/dev/null || { curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg"
+                   " | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null && echo \"deb [signed-by=/usr/share/"
+                   "keyrings/cloud.google.asc] https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -cs) main\""
+                   " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && sudo apt-get update -q"
+                   " && sudo apt-get install -yq gcsfuse; }")
+        mount = f"sudo gcsfuse -o allow_other --implicit-dirs --rename-dir-limit=100000 --file-mode=666 " \
+                f"--dir-mode=777 {source} {path}"
+    return (f"# the shared run root ({root.kind}), the same directory on every host\n{install}\n"
+            f"mountpoint -q {path} || {{ sudo mkdir -p {path} && {mount}; }}")
+
+
+def install_script(t: TPUConfig, wheel: str) -> str:
+    setup = "# no tpu.setup_command"
+    if t.setup_command:  # the venv and uv on PATH
+        setup = f"PATH=\"$PWD/.venv/bin:$(dirname \"$UV\"):$PATH\" bash -c {shlex.quote(t.setup_command)}"
+    return f"""#!/usr/bin/env bash
+# dart-jax on one host of the slice (written by `dart-jax tpu submit`; idempotent): run it as
+# `bash {INSTALL}` in the directory it lies in, beside the wheel and its lock.
+set -euo pipefail
+cd "$(dirname "$0")"
+{_mount(t.shared_root)}
+# uv from the registry brings a Python of its own (TPU VM images have 3.10)
+if command -v uv >/dev/null; then UV=$(command -v uv)
+else python3 -m pip install --user --quiet "uv=={t.uv_version}"; UV="$HOME/.local/bin/uv"; fi
+"$UV" venv --quiet --allow-existing --python "${{DART_PYTHON:-{t.python}}}" .venv
+if [ -n "${{DART_DEPS_FROM:-}}" ]; then
+  echo "$DART_DEPS_FROM" > "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/dart-deps.pth"
+  "$UV" pip install --quiet --python .venv/bin/python --no-deps --reinstall ./{wheel}
+else
+  "$UV" pip install --quiet --python .venv/bin/python --constraint {LOCK} --reinstall-package dart-jax "./{wheel}[{t.extras}]"
+fi
+.venv/bin/dart-jax --help >/dev/null
+{setup}
+echo "dart-jax installed in $PWD/.venv"
+"""
+
+
+def launch_script(t: TPUConfig) -> str:
+    return f"""#!/usr/bin/env bash
+# The trainer on this host (written by `dart-jax tpu submit`):
+#   bash {LAUNCH} start   stop the trainer this script started before, then start `{t.launch_command} {CONFIG}`
+#                         detached (it resumes from the run's last checkpoint), output appended to {LOG}
+#   bash {LAUNCH} stop
+set -euo pipefail
+cd "$(dirname "$0")"
+export PATH="$PWD/.venv/bin:$PATH"
+alive() {{ [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }}  # a zombie is gone
+stop() {{
+  [ -f {PID} ] || return 0
+  pid=$(cat {PID}); rm -f {PID}
+  grep -aqs dart-jax "/proc/$pid/cmdline" || return 0  # gone, or its id was reused
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true  # JAX's preemption notice holds SIGTERM
+  for _ in $(seq 300); do alive "$pid" || return 0; sleep 0.1; done
+}}
+case "${{1:-start}}" in
+  stop) stop ;;
+  start) stop; setsid {t.launch_command} {CONFIG} >> {LOG} 2>&1 < /dev/null & echo $! > {PID} ;;
+  *) echo "usage: {LAUNCH} start|stop" >&2; exit 2 ;;
+esac
+"""
+
+
+def ship(t: TPUConfig, directory: Path, config_yaml: str,
+         run: Callable[[Sequence[str]], int], checkout: Path = CHECKOUT) -> Ship:
+    """Write the run config, the scripts and the lock into `directory` and build the wheel there."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = Ship(directory, wheel_name(checkout))
+    (directory / out.wheel).unlink(missing_ok=True)
+    if (code := run(wheel_argv(directory, checkout))) != 0 or not (directory / out.wheel).is_file():
+        raise UsageError(f"building the wheel of {checkout} failed (exit {code}): "
+                         f"`{shlex.join(wheel_argv(directory, checkout))}`")
+    shutil.copyfile(checkout / LOCK_SOURCE, directory / LOCK)
+    (directory / CONFIG).write_text(config_yaml)
+    (directory / INSTALL).write_text(install_script(t, out.wheel))
+    (directory / LAUNCH).write_text(launch_script(t))
+    return out

@@ -1,0 +1,12 @@
+# dart-jax-core: the data manager (and `dart-jax run`, `dart-jax ping`): no JAX, no torch.
+#   docker build -f deploy/docker/core.Dockerfile -t dart-jax-core .     (from the repository root)
+FROM python:3.11.11-slim-bookworm
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+WORKDIR /opt/dart-jax
+COPY requirements/lock-cpu.txt lock.txt
+COPY pyproject.toml README.md ./
+COPY dart_jax dart_jax
+COPY rollout_gpu rollout_gpu
+COPY envs envs
+RUN pip install --constraint lock.txt ".[run]"
+USER 1000

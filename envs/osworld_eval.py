@@ -1,0 +1,207 @@
+"""OSWorld's task setup steps and evaluators, the subset that runs without desktop-env.
+
+desktop-env (the official package) cannot share an environment with the trainer (its pins),
+so a host without it still runs OSWorld-format tasks whose steps and evaluator lie in this
+subset, with the official semantics:
+
+- setup steps (`config`, and the evaluator's `postconfig`): execute / command (with
+  `until`), execute_with_verification, launch, sleep, open, activate_window, close_window,
+  upload_file (local files confined to the slots' task_dir);
+- result / expected getters: vm_command_line, vm_command_error, vm_file, rule;
+- metrics: exact_match, check_include_exclude, literal_match, is_in_list, infeasible;
+  several metrics combine with `conj` and / or.
+
+A task using anything else is refused at reset (`unsupported`), never scored wrongly.
+Scoring follows DesktopEnv.evaluate: an infeasible task scores 1 exactly when the agent's
+last action was FAIL; any other task scores 0 when it was.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from dart_jax.wire import paths
+from envs.types import EnvError, TaskError
+
+SETUP_STEPS = {"execute", "command", "execute_with_verification", "launch", "sleep", "open",
+               "activate_window", "close_window", "upload_file"}
+GETTERS = {"vm_command_line", "vm_command_error", "vm_file", "rule"}
+_UNTIL_TRIES, _UNTIL_PAUSE_S = 100, 0.3
+
+
+def unsupported(example: dict) -> list[str]:
+    """What the example uses outside this subset (empty: it runs here)."""
+    steps = list(example.get("config") or []) + list(example["evaluator"].get("postconfig") or [])
+    missing = [f"setup step {s.get('type')!r}" for s in steps
+               if not isinstance(s, dict) or s.get("type") not in SETUP_STEPS]
+    funcs = _as_list(example["evaluator"]["func"])
+    missing += [f"metric {f!r}" for f in funcs if f not in METRICS]
+    if funcs != ["infeasible"]:
+        for role in ("result", "expected"):
+            for getter in _as_list(example["evaluator"].get(role)):
+                if getter is not None and (not isinstance(getter, dict) or getter.get("type") not in GETTERS):
+                    kind = getter.get("type") if isinstance(getter, dict) else getter
+                    missing.append(f"{role} getter {kind!r}")
+    return missing
+
+
+class Runner:
+    """Runs setup steps and evaluators against one VM's server (an `envs.osworld.VMClient`)."""
+
+    def __init__(self, vm: Any, screen: tuple[int, int], cache_dir: Path, task_dir: str,
+                 client_password: str = "password"):
+        self.vm, self.screen, self.cache_dir, self.task_dir = vm, screen, cache_dir, task_dir
+        self.client_password = client_password
+
+    # ---- setup ------------------------------------------------------------------------
+
+    def setup(self, steps: list[dict]) -> None:
+        for i, step in enumerate(steps):
+            params = step.get("parameters") or {}
+            if not isinstance(params, dict):
+                raise TaskError(f"setup step {i + 1}: parameters must be an object")
+            try:
+                getattr(self, f"_{step['type']}")(**params)
+            except TypeError as e:
+                raise TaskError(f"setup step {i + 1} ({step['type']}): {e}") from None
+
+    def _execute(self, command, shell: bool = False, until: dict | None = None,
+                 stdout: str = "", stderr: str = "") -> None:
+        command = self._placeholders(command)
+        for _ in range(_UNTIL_TRIES if until else 1):
+            result = self.vm.post_json("/setup/execute", {"command": command, "shell": shell})
+            if not until or _until_met(until, result):
+                return
+            time.sleep(_UNTIL_PAUSE_S)
+        raise EnvError(f"setup command {command!r} never met {until}")
+
+    _command = _execute
+
+    def _execute_with_verification(self, command, verification: dict | None = None, max_wait_time: float = 10,
+                                   check_interval: float = 1.0, shell: bool = False) -> None:
+        self.vm.post_json("/setup/execute_with_verification",
+                          {"command": self._placeholders(command), "shell": shell, "verification": verification or {},
+                           "max_wait_time": max_wait_time, "check_interval": check_interval})
+
+    def _launch(self, command, shell: bool = False) -> None:
+        if isinstance(command, str) and not shell:
+            command = command.split()
+        self.vm.post_json("/setup/launch", {"command": command, "shell": shell}, parse=False)
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(min(float(seconds), 60.0))
+
+    def _open(self, path: str) -> None:
+        self.vm.post_json("/setup/open_file", {"path": path}, parse=False)
+
+    def _activate_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+        self.vm.post_json("/setup/activate_window", {"window_name": window_name, "strict": strict,
+                                                     "by_class": by_class}, parse=False)
+
+    def _close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+        self.vm.post_json("/setup/close_window", {"window_name": window_name, "strict": strict,
+                                                  "by_class": by_class}, parse=False)
+
+    def _upload_file(self, files: list[dict]) -> None:
+        for f in files:
+            if not self.task_dir:
+                raise TaskError("upload_file needs the slots' task_dir on this env host")
+            try:
+                local = paths.confine(f["local_path"], Path(self.task_dir), paths.roots(Path(self.task_dir)),
+                                      field="local_path")
+            except paths.PathRefused as e:
+                raise TaskError(str(e)) from None
+            self.vm.upload(local.read_bytes(), f["path"])
+
+    def _placeholders(self, command):
+        width, height = self.screen
+        values = {"{CLIENT_PASSWORD}": self.client_password, "{SCREEN_WIDTH_HALF}": str(width // 2),
+                  "{SCREEN_HEIGHT_HALF}": str(height // 2), "{SCREEN_WIDTH}": str(width),
+                  "{SCREEN_HEIGHT}": str(height)}
+
+        def fill(text: str) -> str:
+            for key, value in values.items():
+                text = text.replace(key, value)
+            return text
+        return fill(command) if isinstance(command, str) else [fill(str(part)) for part in command]
+
+    # ---- evaluation ---------------------------------------------------------------------
+
+    def evaluate(self, evaluator: dict, last_action: str | None) -> float:
+        funcs = _as_list(evaluator["func"])
+        if funcs == ["infeasible"]:
+            return 1.0 if last_action == "FAIL" else 0.0
+        if last_action == "FAIL":
+            return 0.0
+        self.setup(list(evaluator.get("postconfig") or []))
+        results, expected = _as_list(evaluator.get("result")), _as_list(evaluator.get("expected"))
+        options = _as_list(evaluator.get("options")) or [{}] * len(funcs)
+        scores = []
+        for i, func in enumerate(funcs):
+            result = self._get(results[i] if i < len(results) else None)
+            want = self._get(expected[i]) if i < len(expected) and expected[i] is not None else None
+            opts = options[i] if i < len(options) and isinstance(options[i], dict) else {}
+            score = METRICS[func](result, want, **opts) if want is not None else METRICS[func](result, **opts)
+            if evaluator.get("conj", "and") == "and" and score == 0:
+                return 0.0
+            scores.append(float(score))
+        return max(scores) if evaluator.get("conj", "and") == "or" else sum(scores) / len(scores)
+
+    def _get(self, getter: dict | None) -> Any:
+        if getter is None:
+            return None
+        kind = getter["type"]
+        if kind == "rule":
+            return getter["rules"]
+        if kind in ("vm_command_line", "vm_command_error"):
+            reply = self.vm.post_json("/execute", {"command": getter["command"], "shell": getter.get("shell", False)})
+            return reply.get("output" if kind == "vm_command_line" else "error")
+        data = self.vm.file(getter["path"])  # vm_file
+        if data is None:
+            return None
+        target = self.cache_dir / Path(str(getter.get("dest") or "vm_file")).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return str(target)
+
+
+def _until_met(until: dict, result: dict) -> bool:
+    return ("returncode" in until and result.get("returncode") == until["returncode"]) or \
+        ("stdout" in until and until["stdout"] in (result.get("output") or "")) or \
+        ("stderr" in until and until["stderr"] in (result.get("error") or ""))
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else ([] if value is None else [value])
+
+
+# ---- metrics (OSWorld's desktop_env/evaluators/metrics/general.py semantics) ----------------
+
+def exact_match(result: Any, rules: dict, **_: Any) -> float:
+    return float(result == rules["expected"])
+
+
+def literal_match(result: Any, expected: Any, **options: Any) -> float:
+    if isinstance(result, str) and isinstance(expected, str) and options.get("ignore_case"):
+        return float(result.lower() == expected.lower())
+    return float(result == expected)
+
+
+def is_in_list(result: Any, rules: dict, **_: Any) -> float:
+    return float(rules["expected"] in result) if result is not None else 0.0
+
+
+def check_include_exclude(result: Any, rules: dict, **_: Any) -> float:
+    if result is None:
+        return 0.0
+    return float(all(s in result for s in rules.get("include", [])) and
+                 not any(s in result for s in rules.get("exclude", [])))
+
+
+METRICS: dict[str, Callable[..., float]] = {
+    "exact_match": exact_match, "literal_match": literal_match, "is_in_list": is_in_list,
+    "check_include_exclude": check_include_exclude, "infeasible": lambda *a, **k: 0.0,
+}
+

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The trainer on this host (written by `dart-jax tpu submit`):
+#   bash launch.sh start   stop the trainer this script started before, then start `dart-jax train run.yaml`
+#                         detached (it resumes from the run's last checkpoint), output appended to train.log
+#   bash launch.sh stop
+set -euo pipefail
+cd "$(dirname "$0")"
+export PATH="$PWD/.venv/bin:$PATH"
+alive() { [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }  # a zombie is gone
+stop() {
+  [ -f train.pid ] || return 0
+  pid=$(cat train.pid); rm -f train.pid
+  grep -aqs dart-jax "/proc/$pid/cmdline" || return 0  # gone, or its id was reused
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true  # JAX's preemption notice holds SIGTERM
+  for _ in $(seq 300); do alive "$pid" || return 0; sleep 0.1; done
+}
+case "${1:-start}" in
+  stop) stop ;;
+  start) stop; setsid dart-jax train run.yaml >> train.log 2>&1 < /dev/null & echo $! > train.pid ;;
+  *) echo "usage: launch.sh start|stop" >&2; exit 2 ;;
+esac

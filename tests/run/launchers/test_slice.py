@@ -1,0 +1,138 @@
+"""`dart-jax run` with the trainer on a TPU slice (placement `launcher: tpu`): submitted or
+attached through gcloud (a fake one here), watched through the trainer's heartbeats to a real
+data manager, finished, failed or silent as those say, and stopped on every host with the run.
+"""
+
+import threading
+import time
+
+import pytest
+
+from dart_jax.config import from_dict
+from dart_jax.config.schema import RunConfig
+from dart_jax.rundir import RunDir
+from dart_jax.run.launchers import slice as slice_lib
+from dart_jax.run.launchers import tpu
+from dart_jax.run.launchers.local import Instance
+from dart_jax.run.supervisor import RunFailed, Supervisor, instance_configs
+from dart_jax.train.heartbeat import Heartbeat
+from dart_jax.wire import Client
+from dart_jax.wire.messages import TrainerHeartbeat, TrainerStatusRequest
+from tests.run.launchers.test_tpu import FakeGcloud
+from tests.train import dm_store
+
+WORKER0 = "10.1.2.3"
+
+
+class Slice(FakeGcloud):
+    """The fake gcloud, and worker 0's address from `tpu-vm describe`."""
+
+    def __call__(self, argv, capture):
+        if argv[3:5] == ["tpu-vm", "describe"]:
+            self.calls.append((list(argv), capture))
+            return tpu.Completed(0, WORKER0 + "\n")
+        return super().__call__(argv, capture)
+
+
+@pytest.fixture
+def data_manager(tmp_path):
+    dm_store.fill(tmp_path / "store", n=0)
+    dm, stop = dm_store.serve_copy(tmp_path / "store", tmp_path / "dm")
+    yield dm
+    stop.set()
+
+
+def _cfg(tmp_path, dm, **tpu) -> RunConfig:
+    return from_dict(RunConfig, {
+        "run": {"name": "slice", "root": str(tmp_path), "heartbeat_s": 0.1, "placement": [
+            {"role": "trainer", "launcher": "tpu", "max_restarts": 0}]},
+        "data": {"wire": {"endpoint": dm.wire.endpoint}},
+        "weights": {"announce": {"endpoint": "tcp://0.0.0.0:5560", "allow_remote": True},
+                    "serve": {"endpoint": "tcp://0.0.0.0:5561", "allow_remote": True}},
+        "tpu": {"project": "p", "zone": "z", "name": "n", "accelerator_type": "v6e-4",
+                "runtime_version": "v2-alpha-tpuv6e", "poll_s": 1, **tpu}})
+
+
+def _beat(cfg, state: str, step: int = 1) -> None:
+    with Client(cfg.data.wire) as client:
+        client.request(TrainerHeartbeat(step=step, policy_version=step, state=state))
+
+
+def test_the_trainer_is_what_its_heartbeats_say(tmp_path, data_manager):
+    cfg = _cfg(tmp_path, data_manager, startup_timeout_s=0.5, heartbeat_timeout_s=0.5)
+    fake = Slice()
+    _beat(cfg, "failed")  # a previous incarnation's last word: older than this one, so not its
+    time.sleep(0.05)
+    proc = slice_lib.SliceProcess(cfg, fake.env())
+    assert proc.exit_code() is None  # no heartbeat of its own yet: starting
+    time.sleep(0.6)
+    assert proc.exit_code() == 1  # none within the startup timeout
+    proc = slice_lib.SliceProcess(cfg, fake.env())
+    _beat(cfg, "running")
+    assert proc.exit_code() is None
+    time.sleep(0.6)
+    assert proc.exit_code() == 1  # silent for longer than heartbeat_timeout_s
+    _beat(cfg, "running", step=2)
+    assert proc.exit_code() is None
+    _beat(cfg, "finished", step=3)
+    assert proc.exit_code() == 0
+    _beat(cfg, "failed", step=3)
+    assert proc.exit_code() == 1
+    assert proc.host() == WORKER0
+
+
+def test_start_submits_without_following_and_stop_stops_every_host(tmp_path, data_manager, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path, data_manager)
+    config = tmp_path / "trainer.yaml"
+    config.write_text("the trainer's config\n")
+    fake = Slice(existing="SUSPENDED")  # preempted: deleted and created again
+    proc = slice_lib.SliceLauncher(cfg, fake.env()).start(Instance("trainer", "trainer", config, tmp_path / "t.log"))
+    steps = tpu.submit_steps(cfg.tpu, tpu.ship_dir(cfg), "SUSPENDED")
+    ran = [argv for argv, _ in fake.calls]
+    assert [s.kind for s in steps][-1] == "follow" and list(steps[-1].argv) not in ran
+    assert tpu.delete_argv(cfg.tpu) in ran and list(steps[-2].argv) in ran  # ... the launch on every host
+    assert (tpu.ship_dir(cfg) / "run.yaml").read_text() == "the trainer's config\n"
+    proc.stop()
+    assert fake.calls[-1] == (tpu.ssh_argv(cfg.tpu, "bash dart-jax/launch.sh stop"), False)
+
+    attached = Slice()
+    cfg = _cfg(tmp_path, data_manager, attach=True)
+    slice_lib.SliceLauncher(cfg, attached.env()).start(Instance("trainer", "trainer", config, tmp_path / "t.log")).stop()
+    assert attached.calls == [(list(tpu.AUTH_ARGV), True)]  # attached: nothing submitted, nothing stopped
+
+
+def test_the_run_waits_on_the_slice_and_rollout_workers_reach_its_weights(tmp_path, data_manager, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path, data_manager)
+    run = RunDir.create(tmp_path / "slice")
+    with Supervisor(cfg, run, launchers={"tpu": slice_lib.SliceLauncher(cfg, Slice().env())}) as sup:
+        sup.start({"trainer"})
+        rollout = instance_configs(cfg, "rollout", 1, {e: h for e, h in sup.hosts.items()})[0]
+        assert rollout.weights.announce.endpoint == f"tcp://{WORKER0}:5560"
+        assert rollout.weights.serve.endpoint == f"tcp://{WORKER0}:5561"
+        step = [0]
+
+        def train() -> None:  # the trainer's process 0, as far as the data manager sees it
+            with Heartbeat(cfg.data.wire, 0.1, lambda: (step[0], step[0])) as beat:
+                for step[0] in range(1, 4):
+                    time.sleep(0.2)
+                beat.finish()
+
+        trainer = threading.Thread(target=train)
+        trainer.start()
+        sup.wait_done("trainer", period_s=0.1)
+        trainer.join()
+    with Client(cfg.data.wire) as client:
+        status = client.request(TrainerStatusRequest())
+    assert (status.state, status.step) == ("finished", 3)
+
+
+def test_a_silent_slice_stops_the_run_when_its_restarts_are_spent(tmp_path, data_manager, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path, data_manager, startup_timeout_s=0.3)
+    run = RunDir.create(tmp_path / "slice")
+    with Supervisor(cfg, run, launchers={"tpu": slice_lib.SliceLauncher(cfg, Slice().env())}) as sup:
+        sup.start({"trainer"})
+        with pytest.raises(RunFailed, match="trainer died 1 times"):
+            sup.wait_done("trainer", period_s=0.1)
