@@ -30,7 +30,7 @@ from benchmarks.common import machine
 from dart_jax.models.config import Qwen25VLConfig
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-BUCKET_MB = 64  # the publisher's default (WeightSyncConfig.bucket_mb; a test holds them equal)
+BUCKET_MB = 4  # the publisher's default (WeightSyncConfig.bucket_mb; a test holds them equal)
 
 
 CONVERSION = ("dart_jax.models.convert.hf_buckets: transpose and cast to bf16 inside jit on the device "

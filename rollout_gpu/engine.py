@@ -135,6 +135,7 @@ class Engine:
         self._update_lock = asyncio.Lock()
         self._live = asyncio.Event()  # cleared while an update holds the engine paused
         self._live.set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the engine's client runs in
 
     @classmethod
     async def start(cls, hf_dir: str | Path, cfg: EngineConfig, sampling: SamplingConfig,
@@ -146,7 +147,9 @@ class Engine:
         llm = AsyncLLM.from_engine_args(engine_args(hf_dir, cfg))
         await llm.update_weight_version(str(version))
         log.info("vLLM engine up in %.1f s on %s (%s)", time.monotonic() - start, hf_dir, cfg.dtype)
-        return cls(llm, cfg, sampling, version, checkpoint_tensors(hf_dir))
+        engine = cls(llm, cfg, sampling, version, checkpoint_tensors(hf_dir))
+        engine._loop = asyncio.get_running_loop()
+        return engine
 
     # -- sampling
     async def sample(self, prompt: Prompt, *, temperature: float | None = None, seed: int | None = None) -> Sample:
@@ -244,7 +247,13 @@ class Engine:
         return "", max(s["pulled_at"] for s in states)
 
     def shutdown(self) -> None:
+        """Stop the engine. vLLM closes its client's sockets in a callback on the engine's
+        loop; called from outside that loop (a fixture's or a benchmark's), the loop runs
+        once more so they close before it does (a ZeroMQ context collected with sockets
+        open blocks its process in `term`, at exit at the latest)."""
         self.llm.shutdown()
+        if self._loop is not None and not self._loop.is_closed() and not self._loop.is_running():
+            self._loop.run_until_complete(asyncio.sleep(0))
 
 
 def _sample(completion, submitted: int) -> Sample:
