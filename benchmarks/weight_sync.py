@@ -1,22 +1,30 @@
-"""Weight sync in place vs the DART way (export to disk, restart the engine), one run.
+"""Weight sync in place vs the DART way (export to disk, restart the engine), one run, both
+under the same generation load.
 
-    .venv/bin/python -m benchmarks.weight_sync [--size 0.5b|tiny] [--streams 4] [--load shadow]
+    .venv/bin/python -m benchmarks.weight_sync [--size 0.5b|tiny] [--streams 4] [--load auto|shadow|inplace]
 
-A generated Qwen2.5-VL-shaped policy (about 0.5B parameters, fp32). The trainer side runs
-in its own process, as in a deployment: the Flax policy and the weight publisher. This
-process runs a vLLM engine (CPU build) with `--streams` requests generating throughout,
-and follows the publisher as a rollout worker does. Then:
+A generated Qwen2.5-VL-shaped policy (about 0.5B parameters, fp32, 2.02 GB). The trainer
+side runs in its own process, as in a deployment: the Flax policy and the weight publisher.
+This process runs a vLLM engine (CPU build) with `--streams` requests generating
+throughout, in the pause mode the configs use (`rollout.engine.pause`), and follows the
+publisher as a rollout worker does. Two versions warm up (the conversions compile, the
+served window fills), then the measured one:
 
-- `inplace_s`: from the publisher's `publish` call (perturbed weights: convert, pack,
-  announce) until this engine serves the new version (pulled beside generation, swapped in
-  at a pause with in-flight requests frozen);
-- `pause_s`: the longest stretch inside that window in which no stream received a token
-  (the time the engine generated nothing);
-- `disk_restart_s`: what DART's release does: the trainer writes a Hugging Face checkpoint
-  to disk, the engine shuts down and a new one starts on it, until its first token.
+- `inplace_s`: from the publisher's `publish` call (perturbed weights: convert on the
+  device into reused buffers, announce, fill) until this engine serves the new version
+  (pulled and loaded beside generation, made live at a pause);
+- `pause_s`: the longest stretch inside that window in which no stream received a token;
+  `swap_s`: the engine's own pause (paused -> resumed);
+- `disk_restart_s`: what DART's release does, under the same load: the trainer writes a
+  Hugging Face checkpoint while the streams generate, then the engine shuts down and a new
+  one starts on it, until its first token.
 
-The last line printed is JSON with `bytes`, `inplace_s`, `pause_s`, `disk_restart_s`, their
-ratio and the machine.
+Per-stage seconds: the publisher's (lay out and announce, convert on the device, copy to
+host memory, checksum), the worker's (announcement to pulled and loaded), and each stage
+alone on the trainer side with nothing else running (`stages`: device conversion into
+reused buffers, host copy, checksum, a loopback pull with reassembly), in GB/s.
+
+The last line printed is JSON with the figures and the machine.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,32 +46,79 @@ SIZES = {  # TinySpec overrides
                  fullatt_block_indexes=(3, 7, 11)),
     "tiny": {},
 }
+WARMUP_VERSIONS = 2
 
 
 def trainer_process(hf_dir: str, conn) -> None:
     """The trainer side: the Flax policy and its publisher, driven by commands on `conn`."""
     import jax
+    from flax import nnx
+
     from dart_jax.models import hf_io
     from dart_jax.train.publish import WeightPublisher
     from dart_jax.wire import WireConfig
-    from dart_jax.wire.weights import WeightSyncConfig
-    from flax import nnx
+    from dart_jax.wire.config import WeightSyncConfig
 
     model, _ = hf_io.load_model(hf_dir)
     params = nnx.state(model)
-    loopback = WireConfig(endpoint="tcp://127.0.0.1:0")
-    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback), model.config)
+    conn.send(alone(params, model.config))
+    loopback = WireConfig(endpoint="tcp://127.0.0.1:0", timeout_s=120)
+    # one version served at a time: this machine's 24 GB hold the trainer, the engine and its
+    # shadow copy of 2 GB each beside other work (the default window of 2 costs 2 GB more)
+    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback, keep_versions=1), model.config)
     conn.send((publisher.pub.endpoint, publisher.server.endpoint))
     while (cmd := conn.recv()) != "stop":
-        params = jax.tree.map(lambda x: x * 1.01, params)
+        params = jax.block_until_ready(jax.tree.map(lambda x: x * 1.01, params))
         start = time.time()
         if cmd == "publish":
             version = publisher.publish(params)
-            conn.send({"start": start, "version": version, "publish_s": time.time() - start})
+            conn.send({"start": start, "version": version, **publisher.stages})
+        elif cmd == "pull":  # the wire and the reassembly alone, on loopback
+            conn.send(pull_alone(publisher))
         else:  # ("export", out_dir)
             out = hf_io.export(params, model.config, cmd[1], src_dir=hf_dir)
             conn.send({"start": start, "export_s": time.time() - start, "dir": str(out)})
     publisher.close()
+
+
+def alone(params, config) -> dict:
+    """Each trainer-side stage alone (seconds and GB/s): the device conversion into the
+    buffers of an earlier one, the host copy of its result, the checksum."""
+    import jax
+    import numpy as np
+
+    from dart_jax.models.convert import to_hf_device
+    from dart_jax.wire.weights import checksum
+
+    reuse = None
+    for _ in range(3):  # fresh, then into those buffers (compiles), then timed
+        t = time.perf_counter()
+        reuse = dict(to_hf_device(params, config, "float32", reuse=reuse))
+        jax.block_until_ready(list(reuse.values()))
+        convert_s = time.perf_counter() - t
+    converted = list(reuse.values())
+    t = time.perf_counter()
+    hosted = [np.asarray(s.data).reshape(-1).view(np.uint8) for x in converted for s in x.addressable_shards]
+    host_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for h in hosted:
+        checksum([h])
+    checksum_s = time.perf_counter() - t
+    nbytes = sum(h.nbytes for h in hosted)
+    return {name: {"s": round(s, 3), "gb_per_s": round(nbytes / s / 1e9, 2)}
+            for name, s in [("convert", convert_s), ("host_copy", host_s), ("checksum", checksum_s)]}
+
+
+def pull_alone(publisher) -> dict:
+    from dart_jax.wire import WireConfig
+    from dart_jax.wire.weights import Puller
+
+    ann = next(reversed(publisher._versions.values())).announce
+    start = time.perf_counter()
+    with Puller(ann, WireConfig(endpoint=ann.hosts[0], timeout_s=120), timeout_s=600) as pulled:
+        nbytes = sum(data.nbytes for _, data in pulled)
+    s = time.perf_counter() - start
+    return {"s": round(s, 3), "gb_per_s": round(nbytes / s / 1e9, 2)}
 
 
 class Streams:
@@ -93,57 +149,81 @@ class Streams:
         return max(b - a for a, b in zip(edges, edges[1:]))
 
 
-async def follow_once(engine, announce, serve):
-    from dart_jax.wire.messages import WeightAnnounce
+async def update(engine, weights, conn) -> dict:
+    """Publish the next version in the trainer process and follow it as a worker does."""
     from dart_jax.wire.pubsub import Subscriber
-    sub = Subscriber(announce)
+    from rollout_gpu.worker import newest
+
+    sub = Subscriber(weights.announce)
     try:
-        while not isinstance(ann := await sub.receive(timeout_s=1.0), WeightAnnounce) or ann.version <= engine.version:
-            pass
+        await asyncio.sleep(0.5)  # PUB drops what a subscriber missed while it connected
+        conn.send("publish")
+        published = asyncio.create_task(asyncio.to_thread(conn.recv))
+        ann = None
+        while ann is None or ann.version <= engine.version:
+            ann = await newest(sub, await sub.receive(timeout_s=1.0)) or ann
+        heard = time.time()
+        event = await engine.update(ann, weights)
     finally:
         sub.close()
-    event = await engine.update(ann, serve)
     if not event.ok:
         raise RuntimeError(f"the update failed: {event.error}")
-    return ann, event
+    return {"published": await published, "announce_heard": heard, "event": event, "bytes": ann.total_bytes,
+            "buckets": len(ann.buckets)}
 
 
 async def measure(args, hf_dir: Path, conn) -> dict:
     from dart_jax.agent.prompt import PromptBuilder
     from dart_jax.wire import WireConfig
+    from dart_jax.wire.config import WeightSyncConfig
     from rollout_gpu.config import EngineConfig, SamplingConfig
     from rollout_gpu.engine import Engine
 
+    stages_alone = conn.recv()
     pub_endpoint, serve_endpoint = conn.recv()
-    cfg = EngineConfig(max_model_len=2048, pause="keep", load=args.load, max_num_seqs=max(4, args.streams))
+    weights = WeightSyncConfig(announce=WireConfig(endpoint=pub_endpoint),
+                               serve=WireConfig(endpoint=serve_endpoint, timeout_s=120))
+    cfg = EngineConfig(max_model_len=2048, load=args.load, max_num_seqs=max(4, args.streams))
     engine = await Engine.start(hf_dir, cfg, SamplingConfig())
     prompt = PromptBuilder.from_pretrained(hf_dir).tokenize_messages(
         [{"role": "user", "content": "Type hello into the search box and press enter."}])
     streams = Streams(engine, prompt, args.streams)
     generating = asyncio.create_task(streams.run())
     await asyncio.sleep(args.warmup_s)
-    follower = asyncio.create_task(follow_once(engine, WireConfig(endpoint=pub_endpoint),
-                                               WireConfig(endpoint=serve_endpoint, timeout_s=120)))
-    conn.send("publish")
-    published = await asyncio.to_thread(conn.recv)
-    ann, event = await follower
+    first = None
+    for _ in range(WARMUP_VERSIONS):
+        done = await update(engine, weights, conn)
+        first = first or time.time() - done["published"]["start"]
+    done = await update(engine, weights, conn)
     served = time.time()
     await asyncio.sleep(1.0)  # tokens after the resume close the gap measurement
-    streams.stop.set()
-    await generating
-    result = {"bytes": ann.total_bytes, "buckets": len(ann.buckets), "publish_s": published["publish_s"],
-              "inplace_s": served - published["start"], "pull_s": event.paused - event.started,
-              "pause_s": streams.longest_gap(published["start"], served + 1.0),
-              "swap_s": event.resumed - event.paused, "load": engine.load_mode}
-    conn.send(("export", str(Path(args.work) / "export")))
+    event, published = done["event"], done["published"]
+    result = {
+        "bytes": done["bytes"], "buckets": done["buckets"], "load": engine.load_mode, "pause_mode": cfg.pause,
+        "inplace_s": served - published["start"], "first_inplace_s": first,
+        "pause_s": streams.longest_gap(published["start"], served + 1.0), "swap_s": event.resumed - event.paused,
+        "publish_gb_per_s": published["bytes"] / published["publish_s"] / 1e9,
+        "publish": {k: round(v, 3) for k, v in published.items() if k.endswith("_s")},
+        "worker": {"announce_s": round(done["announce_heard"] - published["start"], 3),
+                   "pull_s": round(event.pulled - event.started, 3),
+                   "pull_and_load_s": round(event.paused - event.started, 3),
+                   "swap_s": round(event.resumed - event.paused, 3)},
+    }
+    print("in place:", json.dumps(result), file=sys.stderr, flush=True)
+    conn.send(("export", str(Path(args.work) / "export")))  # under the same load: the streams go on
     exported = await asyncio.to_thread(conn.recv)
     restart = time.time()
+    streams.stop.set()
+    generating.cancel()  # the requests in flight die with the engine
+    await asyncio.gather(generating, return_exceptions=True)
     engine.shutdown()
     engine = await Engine.start(exported["dir"], cfg, SamplingConfig(max_tokens=1))
     await engine.sample(prompt)
     result |= {"export_s": exported["export_s"], "restart_s": time.time() - restart}
     result["disk_restart_s"] = result["export_s"] + result["restart_s"]
     engine.shutdown()
+    conn.send("pull")
+    result["stages"] = stages_alone | {"pull_and_reassemble": await asyncio.to_thread(conn.recv)}
     return result
 
 

@@ -2,7 +2,7 @@
 
     rollout:
       episodes: 8                       # K episodes at once on one engine
-      engine: {dtype: float32, max_model_len: 8192, kv_cache_mb: 256}
+      engine: {dtype: float32, max_model_len: 8192, kv_cache_mb: 0}
       sampling: {temperature: 1.0, max_tokens: 500}
 
 Sampling is restricted to what the trainer reproduces when it scores the same tokens: the
@@ -14,7 +14,10 @@ release sampled with a frequency penalty its TIS ignored). The config refuses th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -27,32 +30,83 @@ from dart_jax.wire.messages import Id
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """The vLLM engine. `kv_cache_mb` > 0 sizes the KV cache explicitly (CPU: the default
-    reserves most of the machine's memory); 0 leaves it to `gpu_memory_utilization`.
-    `load`: how new weights go in (rollout_gpu.vllm_ext): `shadow` prepares them beside the
-    live model and swaps at the pause (one extra copy of the weights, pause of
-    milliseconds), `inplace` reloads at the pause; `auto` is shadow on CPU, inplace on GPU.
-    `pause`: `wait` lets in-flight requests finish before a swap (a response never mixes
-    versions) and clears the prefix cache; `keep` freezes them and marks the responses that
-    straddle an update, and keeps the cache (a request queued but not yet started before the
-    swap may reuse the old weights' prefix blocks: measure with `wait` where log-probs must
-    be exact)."""
+    """The vLLM engine.
+
+    `kv_cache_mb`: 0 sizes the KV cache per platform (GPU: what `gpu_memory_utilization`
+    leaves after the weights; CPU, where vLLM's default would reserve most of the machine:
+    256 MiB, raised to hold one `max_model_len` sequence); > 0 sizes it explicitly, and the
+    run config refuses a size that cannot hold one `max_model_len` sequence of the policy.
+
+    `load`: how new weights go in (rollout_gpu.vllm_ext): `shadow` loads them beside the
+    live model, generation going on, and swaps at the pause (a pause of milliseconds, one
+    extra copy of the weights; refused with CUDA graphs, which would keep the old
+    addresses); `inplace` reloads at the pause with vLLM's own `reload_weights` (writes into
+    the live tensors, so CUDA graphs stay valid; the pause is one load at memory bandwidth);
+    `auto` is shadow on CPU, inplace on GPU.
+
+    `pause`: what happens to requests in flight when new weights go in. `keep` freezes them
+    and resumes them on the new weights: the pause is the load alone, and every response
+    whose prefill, reused KV or tokens span two versions is marked `straddles_update` (never
+    trained on). `wait` stops admitting requests and lets the running ones finish first (no
+    response spans versions, the prefix cache is cleared; the pause includes the drain)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_model_len: int = bounded(8192, ge=256)
     max_num_seqs: int = bounded(16, ge=1)
     max_images: int = bounded(5, ge=1)  # per prompt (DART keeps the last 5 screenshots)
-    kv_cache_mb: int = bounded(256, ge=0)
+    kv_cache_mb: int = bounded(0, ge=0)
     gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)
     tensor_parallel_size: int = bounded(1, ge=1)
     enforce_eager: bool = True  # GPU hosts: false captures CUDA graphs
     seed: int = bounded(0, ge=0)
     load: Literal["auto", "shadow", "inplace"] = "auto"
-    pause: Literal["wait", "keep"] = "wait"
+    pause: Literal["wait", "keep"] = "keep"
+
+    def __post_init__(self) -> None:
+        if self.load == "shadow" and not self.enforce_eager:
+            raise ValueError("load: shadow with enforce_eager: false: CUDA graphs keep the addresses of the weights "
+                             "they captured and would go on serving the old version; use load: inplace (or auto)")
+
+    def kv_cache_bytes(self, kv_bytes_per_token: int, on_cpu: bool) -> int | None:
+        """The KV cache to ask vLLM for (None: the platform's own sizing)."""
+        if self.kv_cache_mb:
+            return self.kv_cache_mb * 2**20
+        return max(CPU_KV_CACHE_MB * 2**20, kv_bytes_per_token * self.max_model_len) if on_cpu else None
+
+    def check_kv_cache(self, kv_bytes_per_token: int, model: str) -> None:
+        """Refuse an explicit KV cache that cannot hold one `max_model_len` sequence of `model`."""
+        need = kv_bytes_per_token * self.max_model_len
+        if self.kv_cache_mb and self.kv_cache_mb * 2**20 < need:
+            raise ValueError(f"rollout.engine.kv_cache_mb {self.kv_cache_mb} holds {self.kv_cache_mb * 2**20 // kv_bytes_per_token} "
+                             f"tokens of {model}; max_model_len {self.max_model_len} needs {-(-need // 2**20)} MiB "
+                             "(set kv_cache_mb: 0 to size it per platform)")
+
+
+CPU_KV_CACHE_MB = 256
+
+
+def policy_hf_config(*candidates: str) -> dict | None:
+    """The first readable config.json among directories or files `candidates` ("" skipped)."""
+    for c in filter(None, candidates):
+        path = Path(c) / "config.json" if Path(c).is_dir() else Path(c)
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(path.read_text())
+    return None
+
+
+def kv_bytes_per_token(hf_config: dict, dtype: str) -> int:
+    """Bytes of K and V one token takes in every decoder layer (Qwen2 text config)."""
+    text = hf_config.get("text_config", hf_config)
+    heads = text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    size = 4 if dtype == "float32" else 2
+    return 2 * text["num_hidden_layers"] * text.get("num_key_value_heads", heads) * head_dim * size
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = bounded(1.0, ge=0)  # 0: greedy (evaluation; no log-probs to train on)
+    # > 0: the trainer scores the sampled tokens at this temperature (greedy evaluation sets
+    # its own temperature per request; a greedy rollout has no distribution to train on)
+    temperature: float = bounded(1.0, gt=0)
     max_tokens: int = bounded(500, ge=1)
     top_p: float = 1.0
     top_k: int = 0

@@ -2,7 +2,7 @@
 
     engine = await Engine.start(hf_dir, cfg.engine, cfg.sampling)
     sample = await engine.sample(prompt)            # token ids, log-probs, version
-    event = await engine.update(announce, serve)    # pull beside generation, swap at a pause
+    event = await engine.update(announce, weights)  # pull beside generation, swap at a pause
     engine.shutdown()
 
 The same code drives vLLM's CUDA build on GPU hosts and its CPU build locally.
@@ -13,8 +13,19 @@ the sampled ids, never re-tokenized. `logprobs_mode="processed_logprobs"`: the l
 of the distribution the token was drawn from, i.e. after temperature scaling, which is
 what the trainer computes at the same temperature (raw log-probs would be those of
 temperature 1). Prefix caching is on, salted with the policy version, so a prompt never
-reuses KV computed by other weights. Each request's output reports the weight versions
-that produced its tokens; a response spanning two is marked `straddles_update`.
+reuses KV computed by other weights.
+
+A response is labelled with the version it was submitted under (its cache salt) and marked
+`straddles_update` unless every token came from that version: vLLM reports the versions of
+the tokens, not of the prefill or of reused KV, so a request queued or frozen mid-prefill
+across an update (its tokens all new, its KV partly old) is caught by its submitted
+version, one frozen while decoding by its tokens.
+
+Updates. A version missing a tensor the model loads is refused before a byte is pulled (it
+would keep old values under the new label). A failed pull leaves the engine on its old
+version. A load that fails at the pause, after it may have written part of the model,
+leaves the engine paused and labelled `broken` (nothing is generated under any version)
+and raises EngineBroken: the worker exits and its supervisor starts a fresh engine.
 """
 
 from __future__ import annotations
@@ -36,13 +47,15 @@ import zmq.asyncio
 from dart_jax.agent.prompt import Prompt
 from dart_jax.config import to_dict
 from dart_jax.wire import codec
-from dart_jax.wire.config import WireConfig
+from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import WeightAnnounce
-from rollout_gpu.config import EngineConfig, SamplingConfig
+from dart_jax.wire.weights import WeightTransferError, canonical_hf_name, check_tensors
+from rollout_gpu.config import EngineConfig, SamplingConfig, kv_bytes_per_token
 from rollout_gpu.episode import Sample
 
 log = logging.getLogger(__name__)
 EXTENSION = "rollout_gpu.vllm_ext.WeightSyncExtension"
+PULL_GRACE_S = 30.0  # beyond the pull timeout: the worker's own deadline fires first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +67,12 @@ class SyncEvent:
     resumed: float  # generation resumed with the new version
     ok: bool
     error: str = ""
+    pulled: float = 0.0  # every tensor received (shadow: and loaded up to the last layer)
+
+
+class EngineBroken(RuntimeError):
+    """A load failed after it may have written part of the model: the engine serves no
+    version (paused, labelled `broken`) and must be restarted."""
 
 
 class PILProcessorError(ValueError):
@@ -71,30 +90,52 @@ def check_image_processor(hf_dir: str | Path) -> None:
                                 "torchvision one the trainer's pixels match (remove use_fast/backend)")
 
 
+def checkpoint_tensors(hf_dir: str | Path) -> dict[str, list[int]]:
+    """name -> shape of every tensor the engine loaded from `hf_dir` (safetensors headers;
+    original names; lm_head left out when the embeddings are tied): what a version must hold."""
+    from safetensors import safe_open
+    out = {}
+    for path in sorted(Path(hf_dir).glob("*.safetensors")):
+        with safe_open(str(path), "np") as f:
+            out.update({canonical_hf_name(k): list(f.get_slice(k).get_shape()) for k in f.keys()})
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    if config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False)):
+        out.pop("lm_head.weight", None)
+    return out
+
+
 def engine_args(hf_dir: str | Path, cfg: EngineConfig):
-    """vLLM's arguments. On CPU, prefills are never chunked: vLLM CPU 0.32 rewinds a seeded
-    request's random generator after a partial prefill, which CPU generators cannot do
-    (`CPU Generator does not use offset` kills the engine); evaluation seeds its requests."""
+    """vLLM's arguments, the KV cache sized per platform (EngineConfig.kv_cache_bytes) once
+    it is known to hold one `max_model_len` sequence. On CPU, prefills are never chunked:
+    vLLM CPU 0.32 rewinds a seeded request's random generator after a partial prefill,
+    which CPU generators cannot do (`CPU Generator does not use offset` kills the engine);
+    evaluation seeds its requests."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    kv_per_token = kv_bytes_per_token(json.loads((Path(hf_dir) / "config.json").read_text()), cfg.dtype)
+    cfg.check_kv_cache(kv_per_token, str(hf_dir))
     return AsyncEngineArgs(
         enable_chunked_prefill=not _on_cpu(),
         model=str(hf_dir), dtype=cfg.dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,
         enforce_eager=cfg.enforce_eager, max_num_seqs=cfg.max_num_seqs,
         limit_mm_per_prompt={"image": cfg.max_images}, tensor_parallel_size=cfg.tensor_parallel_size,
-        kv_cache_memory_bytes=cfg.kv_cache_mb * 2**20 if cfg.kv_cache_mb else None,
+        kv_cache_memory_bytes=cfg.kv_cache_bytes(kv_per_token, _on_cpu()),
         gpu_memory_utilization=cfg.gpu_memory_utilization, enable_prefix_caching=True,
         logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION)
 
 
 class Engine:
-    def __init__(self, llm, cfg: EngineConfig, sampling: SamplingConfig, version: int):
+    def __init__(self, llm, cfg: EngineConfig, sampling: SamplingConfig, version: int,
+                 expected: dict[str, list[int]]):
         self.llm, self.cfg, self.sampling = llm, cfg, sampling
         self.version = version
+        self.expected = expected  # the tensors every version must hold
+        self.broken = ""  # why the engine serves no version, once a load failed half way
         self.load_mode = cfg.load if cfg.load != "auto" else ("shadow" if _on_cpu() else "inplace")
         self._ids = itertools.count()
         self._update_lock = asyncio.Lock()
         self._live = asyncio.Event()  # cleared while an update holds the engine paused
         self._live.set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the engine's client runs in
 
     @classmethod
     async def start(cls, hf_dir: str | Path, cfg: EngineConfig, sampling: SamplingConfig,
@@ -106,19 +147,25 @@ class Engine:
         llm = AsyncLLM.from_engine_args(engine_args(hf_dir, cfg))
         await llm.update_weight_version(str(version))
         log.info("vLLM engine up in %.1f s on %s (%s)", time.monotonic() - start, hf_dir, cfg.dtype)
-        return cls(llm, cfg, sampling, version)
+        engine = cls(llm, cfg, sampling, version, checkpoint_tensors(hf_dir))
+        engine._loop = asyncio.get_running_loop()
+        return engine
 
     # -- sampling
     async def sample(self, prompt: Prompt, *, temperature: float | None = None, seed: int | None = None) -> Sample:
-        """One response to `prompt`: the exact ids, their log-probs and their version."""
+        """One response to `prompt`: the exact ids, their log-probs, the version it was
+        submitted under and whether anything of it came from another version."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         await self._live.wait()  # a request queued during a swap would carry the old cache salt
+        if self.broken:
+            raise EngineBroken(self.broken)
         params = SamplingParams(
             temperature=self.sampling.temperature if temperature is None else temperature,
             max_tokens=self.sampling.max_tokens, logprobs=0, seed=seed,
             output_kind=RequestOutputKind.FINAL_ONLY)
-        request = {"prompt_token_ids": prompt.placeholder_ids.tolist(), "cache_salt": f"v{self.version}"}
+        submitted = self.version
+        request = {"prompt_token_ids": prompt.placeholder_ids.tolist(), "cache_salt": f"v{submitted}"}
         if prompt.images:
             request["multi_modal_data"] = {"image": list(prompt.images)}
         out = None
@@ -127,43 +174,63 @@ class Engine:
         if len(out.prompt_token_ids) != len(prompt.token_ids) or \
                 not np.array_equal(np.asarray(out.prompt_token_ids), prompt.token_ids):
             raise RuntimeError("vLLM expanded the prompt differently from the prompt builder's token ids")
-        return _sample(out.outputs[0], self.version)
+        return _sample(out.outputs[0], submitted)
 
     # -- weights
-    async def update(self, ann: WeightAnnounce, serve: WireConfig) -> SyncEvent:
-        """Pull `ann`'s version beside generation, then make it live at a pause. A failed
-        pull (corrupt bucket, publisher gone) leaves the engine on its old version."""
+    async def update(self, ann: WeightAnnounce, weights: WeightSyncConfig) -> SyncEvent:
+        """Pull `ann`'s version beside generation, then make it live at a pause. A refused
+        version or a failed pull (corrupt bucket, publisher gone, pull timeout) leaves the
+        engine on its old version; a load that fails at the pause raises EngineBroken."""
         async with self._update_lock:
+            if self.broken:
+                raise EngineBroken(self.broken)
             started = time.time()
-            state = await self._pull(ann, serve)
-            if state["state"] != "ready":
-                return SyncEvent(ann.version, started, 0.0, 0.0, ok=False, error=state["error"])
+            try:
+                check_tensors(ann, self.expected, self.cfg.dtype)
+            except WeightTransferError as e:
+                return SyncEvent(ann.version, started, 0.0, 0.0, ok=False, error=f"refused: {e}")
+            error, pulled = await self._pull(ann, weights)
+            if error:
+                return SyncEvent(ann.version, started, 0.0, 0.0, ok=False, error=error)
             paused = time.time()
             self._live.clear()
-            # `wait` drains every request, so the prefix cache can go: a request that entered
-            # the queue before the pause carries the old version's salt and would otherwise
-            # reuse the old weights' KV blocks after the swap (log-probs of neither policy)
+            # `wait` drains every request, so the prefix cache can go; `keep` keeps it (blocks
+            # are salted by version) and marks what the update cut across
             await self.llm.pause_generation(mode=self.cfg.pause, clear_cache=self.cfg.pause == "wait")
             try:
                 await self.llm.collective_rpc("dart_commit_update")
-                await self.llm.reset_encoder_cache()  # the scheduler's record of it, too
-                await self.llm.update_weight_version(str(ann.version))
-                self.version = ann.version
-            finally:
-                await self.llm.resume_generation()
-                self._live.set()
-            return SyncEvent(ann.version, started, paused, time.time(), ok=True)
+            except Exception as e:
+                raise await self._broken(f"loading version {ann.version} failed at the pause ({type(e).__name__}: "
+                                         f"{e}); the model may hold parts of versions {self.version} and "
+                                         f"{ann.version}") from e
+            await self.llm.reset_encoder_cache()  # the scheduler's record of it, too
+            await self.llm.update_weight_version(str(ann.version))
+            self.version = ann.version
+            await self.llm.resume_generation()
+            self._live.set()
+            return SyncEvent(ann.version, started, paused, time.time(), ok=True, pulled=pulled)
 
-    async def _pull(self, ann: WeightAnnounce, serve: WireConfig) -> dict:
+    async def _broken(self, why: str) -> EngineBroken:
+        """Stay paused under no version: nothing half loaded is ever sampled or labelled."""
+        self.broken, self.version = why, -1
+        log.error("engine broken: %s", why)
+        await self.llm.update_weight_version("broken")
+        self._live.set()  # requests waiting to be submitted raise EngineBroken
+        return EngineBroken(why)
+
+    async def _pull(self, ann: WeightAnnounce, weights: WeightSyncConfig) -> tuple[str, float]:
+        """("", when the last tensor arrived) once every worker of the engine holds the
+        version, else (why not, 0)."""
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         endpoint = f"ipc:///tmp/dart-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         sock.bind(endpoint)
         try:
-            await self.llm.collective_rpc("dart_begin_update",
-                                          args=(codec.to_bytes(ann), to_dict(serve), self.load_mode, endpoint))
-            deadline = time.monotonic() + serve.timeout_s * (len(ann.buckets) + 1)
+            await self.llm.collective_rpc("dart_begin_update", args=(
+                codec.to_bytes(ann), to_dict(weights.serve), self.load_mode, endpoint, weights.pull_timeout_s,
+                weights.pull_depth))
+            deadline = time.monotonic() + weights.pull_timeout_s + PULL_GRACE_S
             for _ in range(self.cfg.tensor_parallel_size):  # every worker pulls the whole version
                 if not await sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                     break
@@ -176,21 +243,26 @@ class Engine:
         failed = [s for s in states if s["state"] != "ready" or s["version"] != ann.version]
         if failed:
             await self.llm.collective_rpc("dart_abort_update")
-            return {"state": "failed", "error": failed[0]["error"] or f"pull ended {failed[0]['state']}"}
-        return {"state": "ready", "error": ""}
+            return failed[0]["error"] or f"pull of version {ann.version} not done within {weights.pull_timeout_s} s", 0.0
+        return "", max(s["pulled_at"] for s in states)
 
     def shutdown(self) -> None:
+        """Stop the engine. vLLM closes its client's sockets in a callback on the engine's
+        loop; called from outside that loop (a fixture's or a benchmark's), the loop runs
+        once more so they close before it does (a ZeroMQ context collected with sockets
+        open blocks its process in `term`, at exit at the latest)."""
         self.llm.shutdown()
+        if self._loop is not None and not self._loop.is_closed() and not self._loop.is_running():
+            self._loop.run_until_complete(asyncio.sleep(0))
 
 
-def _sample(completion, version: int) -> Sample:
+def _sample(completion, submitted: int) -> Sample:
+    """The completion as a step's sample, labelled with the version it was submitted under."""
     ids = np.asarray(completion.token_ids, np.int32)
     logprobs = np.asarray([lp[t].logprob for t, lp in zip(completion.token_ids, completion.logprobs)], np.float32)
-    spans = completion.weight_versions or []
-    versions = {int(s.version) for s in spans if s.end > s.start}
-    first = int(spans[0].version) if spans else version
-    return Sample(text=completion.text, token_ids=ids, logprobs=logprobs, policy_version=first,
-                  straddles_update=len(versions) > 1)
+    versions = {s.version for s in completion.weight_versions or [] if s.end > s.start}
+    return Sample(text=completion.text, token_ids=ids, logprobs=logprobs, policy_version=submitted,
+                  straddles_update=bool(versions - {str(submitted)}))
 
 
 def _on_cpu() -> bool:

@@ -6,9 +6,11 @@
             traj = await run_episode(env, task, policy, ...)
         await submit(traj)                         # retried until the data manager acks
 
-Beside them: a follower that takes each new weight version the moment it is announced
-(pulled beside generation, made live at a pause; `Engine.update`), and a heartbeat that
-keeps this worker's assignments out. Each assignment is honoured exactly: its rollout
+Beside them: a follower that takes the newest announced weight version (pulled beside
+generation, made live at a pause; `Engine.update`; the announcements that queued up
+during a pull are drained, so versions retired meanwhile are skipped), and a heartbeat
+that keeps this worker's assignments out. A load that breaks the engine ends the worker
+(its supervisor restarts it on a fresh engine, which catches up to the newest version). Each assignment is honoured exactly: its rollout
 count, its step cap. A killed worker loses nothing acknowledged; its assignments return
 to the pool when it restarts (a new session) or stays silent, its env leases when they
 expire.
@@ -35,10 +37,10 @@ from dart_jax.wire.messages import (EnvObservation, NoTask, SubmitTrajectory, Ta
                                     TaskRequest, TaskSpec, Trajectory, TrajectoryAck, WeightAnnounce,
                                     WeightLatest, WorkerHeartbeat)
 from dart_jax.wire.pubsub import Subscriber
-from dart_jax.wire.weights import WeightSyncConfig
+from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.env_client import EnvClient, EnvSession
 from rollout_gpu.config import RolloutConfig
-from rollout_gpu.engine import Engine, SyncEvent
+from rollout_gpu.engine import Engine, EngineBroken, SyncEvent
 from rollout_gpu.episode import Sample, run_episode
 
 log = logging.getLogger(__name__)
@@ -228,24 +230,32 @@ class Worker:
         sub = Subscriber(self.weights.announce)
         try:
             while True:
-                ann = await sub.receive(timeout_s=1.0)
-                if isinstance(ann, WeightAnnounce) and ann.version > self.engine.version:
+                ann = await newest(sub, await sub.receive(timeout_s=1.0))
+                if ann is not None and ann.version > self.engine.version:
                     await self.take(ann)
         finally:
             sub.close()
 
     async def take(self, ann: WeightAnnounce) -> None:
-        event = await self.engine.update(ann, self.weights.serve)
-        self.syncs.append(event)
+        try:
+            event = await self.engine.update(ann, self.weights)
+        except EngineBroken as e:
+            self._record(SyncEvent(ann.version, time.time(), 0.0, 0.0, ok=False, error=f"engine broken: {e}"))
+            raise
+        self._record(event)
         if event.ok:
             log.info("now serving version %d (pull %.2f s, paused %.3f s)", event.version,
                      event.paused - event.started, event.resumed - event.paused)
         else:
             log.warning("kept version %d; version %d failed: %s", self.engine.version, ann.version, event.error)
+
+    def _record(self, event: SyncEvent) -> None:
+        self.syncs.append(event)
         if self.metrics is not None:
             self.metrics.write(self.done, {"sync_version": event.version, "sync_ok": event.ok,
-                                           "sync_started": event.started, "sync_paused": event.paused,
-                                           "sync_resumed": event.resumed, "sync_error": event.error})
+                                           "sync_started": event.started, "sync_pulled": event.pulled,
+                                           "sync_paused": event.paused, "sync_resumed": event.resumed,
+                                           "sync_error": event.error})
 
     async def heartbeat(self) -> None:
         while True:
@@ -254,6 +264,15 @@ class Worker:
                 await self.dm.request(WorkerHeartbeat(worker_id=self.cfg.worker_id, session=self.session,
                                                       policy_version=self.engine.version),
                                       timeout_s=self.cfg.heartbeat_s)
+
+
+async def newest(sub: Subscriber, first) -> WeightAnnounce | None:
+    """The newest of `first` and every announcement already queued behind it."""
+    best = first if isinstance(first, WeightAnnounce) else None
+    while (msg := await sub.receive(timeout_s=0)) is not None:
+        if isinstance(msg, WeightAnnounce) and (best is None or msg.version > best.version):
+            best = msg
+    return best
 
 
 async def serve(cfg: RolloutConfig, hf_dir: Path, dm_wire: WireConfig, env_wires: Sequence[WireConfig],

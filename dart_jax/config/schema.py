@@ -22,9 +22,9 @@ from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.run.launchers.config import TPUConfig
 from dart_jax.train.config import SFTConfig, TrainerConfig, TrainRunConfig
 from dart_jax.wire import WireConfig
-from dart_jax.wire.weights import WeightSyncConfig
+from dart_jax.wire.config import WeightSyncConfig
 from envs.config import EnvServerConfig
-from rollout_gpu.config import RolloutConfig
+from rollout_gpu.config import RolloutConfig, kv_bytes_per_token, policy_hf_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +73,9 @@ class RunConfig:
         if self.weights.dtype != self.rollout.engine.dtype:
             raise ValueError(f"weights.dtype {self.weights.dtype} must be the rollout engine's dtype "
                              f"{self.rollout.engine.dtype}: the engine loads what travels")
+        if (hf := policy_hf_config(self.policy.hf_dir, self.plan.model_config)) is not None:
+            engine = self.rollout.engine
+            engine.check_kv_cache(kv_bytes_per_token(hf, engine.dtype), self.policy.hf_dir or self.plan.model_config)
         check_hosts(self)
 
 

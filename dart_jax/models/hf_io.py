@@ -28,9 +28,10 @@ import numpy as np
 from flax import nnx
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import ParamSpec, canonical_hf_name, hf_buckets, specs_for
+from dart_jax.models.convert import ParamSpec, hf_buckets, specs_for
 from dart_jax.models.qwen25vl import Qwen25VL, abstract_model
 from dart_jax.models.sharding import var_sharding
+from dart_jax.wire.weights import canonical_hf_name
 
 log = logging.getLogger(__name__)
 

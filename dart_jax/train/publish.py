@@ -3,126 +3,306 @@
     publisher = WeightPublisher(cfg.weights, model_config, state_file=run.root / "weights.json")
     version = publisher.publish(trainer.state.params)   # version = number of publishes
 
-Each publish converts the parameters with the function the Hugging Face export uses
-(`convert.hf_buckets`: HF names, torch layout, the rollout engine's dtype), packs them into
-CRC-guarded buckets, serves them (WeightPull -> WeightBucket, WeightLatest -> the newest
-WeightAnnounce) and announces the version on PUB, repeating the newest announcement every
-`reannounce_s` so late subscribers and workers that were down catch up. The newest
-`keep_versions` versions are served, so a worker in the middle of a pull finishes it.
+Every host of the trainer runs `publish`. Each converts its own shards on its devices
+(`convert.to_hf_device`: HF layout, the rollout engine's dtype, no communication), copies
+the blocks it owns to host memory and serves them from its own bucket server, so no host
+receives a byte it does not serve and the fan-out is spread over every host. Process 0
+announces the version before anything is converted (every host lays the version out from
+shapes and shardings alone); tensors are converted in checkpoint order a few ahead of the
+bucket being filled, each bucket is served the moment its pieces are in, and a pull of a
+bucket not yet filled waits for it, so the transfer runs while later tensors still
+convert. Each bucket reply carries an xxh3-64 checksum of its pieces. Buffers are reused:
+the version that leaves the served window donates its device arrays to the next
+conversion (on CPU those are the served host bytes themselves).
 
 Versions only grow, across restarts too: `state_file` records the last one published, and
 a resumed trainer publishes its restored weights under a new number (workers may hold a
-version published after the checkpoint it resumed from).
-
-Multi-host: every process runs `publish` (the conversion gathers each sharded tensor with
-a collective, one tensor at a time, so no host holds more than one bucket beyond its own
-shards); only process 0 packs, serves and announces. Cost: each parameter crosses the
-network once per publish, to process 0, plus the workers' pulls from process 0.
+version published after the checkpoint it resumed from). The newest `keep_versions`
+versions are served, so a worker in the middle of a pull finishes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
+import math
 import os
+import socket
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 import jax
-import ml_dtypes
 import numpy as np
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import hf_buckets
+from dart_jax.models.convert import ParamSpec, hf_device_shapes, specs_for, to_hf_device
 from dart_jax.wire import Server
-from dart_jax.wire.messages import (Error, Message, WeightAnnounce, WeightBucket, WeightLatest,
-                                    WeightPull)
+from dart_jax.wire.config import WeightSyncConfig
+from dart_jax.wire.messages import (Error, Message, PieceInfo, TensorInfo, WeightAnnounce, WeightBucket,
+                                    WeightBucketInfo, WeightLatest, WeightPull)
 from dart_jax.wire.pubsub import Publisher
-from dart_jax.wire.weights import WeightSyncConfig, pack_bucket
+from dart_jax.wire.weights import ITEMSIZE, checksum, pack_buckets, split_block
 
 log = logging.getLogger(__name__)
-_NUMPY = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-          "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+LOOKAHEAD = 2  # parameters converted (device-to-host copies started) ahead of the bucket being filled
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalPiece:
+    """Where a piece's bytes lie on this host: a byte range of one device's shard of one
+    converted parameter (all its layers, for a stacked one)."""
+    param: int  # position in the conversion order
+    device: jax.Device
+    offset: int
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A version's tensors and buckets (every host's) and this host's pieces per bucket.
+    A pure function of shapes, shardings and the bucket size: every host computes the same."""
+    tensors: list[TensorInfo]
+    buckets: list[WeightBucketInfo]
+    local: dict[int, list[LocalPiece]]  # bucket index -> its pieces, for the buckets this host serves
+
+
+def plan(specs: list[ParamSpec], shapes: dict[tuple, jax.ShapeDtypeStruct], dtype: str, bucket_bytes: int,
+         processes: int, process: int) -> Layout:
+    """Tensors in checkpoint order (`specs`), each cut into the blocks its parameter's
+    sharding gives it (`shapes`: the converted parameters); each distinct block served by
+    one device holding it (replicated blocks rotate among their holders, tensor by tensor),
+    cut into rows that fit a bucket."""
+    order = {path: i for i, path in enumerate(shapes)}
+    tensors = [TensorInfo(name=s.hf_name, dtype=dtype, shape=list(s.hf_shape)) for s in specs]
+    host_pieces: list[list[PieceInfo]] = [[] for _ in range(processes)]
+    where: dict[int, LocalPiece] = {}
+    size = ITEMSIZE[dtype]
+    for t, spec in enumerate(specs):
+        x = shapes[spec.path]
+        for device, start, shape in _owned_blocks(x, t):
+            if spec.layer is not None:  # the block of one layer, inside the shard of all of them
+                if not start[0] <= spec.layer < start[0] + shape[0]:
+                    continue
+                layer_offset = (spec.layer - start[0]) * math.prod(shape[1:])
+                start, shape = start[1:], shape[1:]
+            else:
+                layer_offset = 0
+            for s, sh in split_block(start, shape, size, bucket_bytes):
+                piece = PieceInfo(tensor=t, start=list(s), shape=list(sh))
+                host_pieces[device.process_index].append(piece)
+                offset = layer_offset + (int(np.ravel_multi_index(np.subtract(s, start), shape)) if shape else 0)
+                where[id(piece)] = LocalPiece(order[spec.path], device, offset * size, math.prod(sh) * size)
+    buckets = pack_buckets(host_pieces, tensors, bucket_bytes)
+    local = {b.index: [where[id(p)] for p in b.pieces] for b in buckets if b.host == process}
+    return Layout(tensors, buckets, local)
+
+
+def _owned_blocks(x: jax.ShapeDtypeStruct, rotation: int) -> list[tuple[jax.Device, tuple[int, ...], tuple[int, ...]]]:
+    holders: dict[tuple, list[jax.Device]] = {}
+    for device, index in x.sharding.devices_indices_map(x.shape).items():
+        holders.setdefault(tuple(s.indices(n)[:2] for s, n in zip(index, x.shape)), []).append(device)
+    return [(devices[rotation % len(devices)], tuple(a for a, _ in block), tuple(b - a for a, b in block))
+            for block, devices in holders.items()]
+
+
+@dataclasses.dataclass
+class Bucket:
+    """One served bucket of this host: its frames, filled as the conversion proceeds."""
+    frames: list[np.ndarray]
+    ready: threading.Event
+    checksum: int = 0
+
+
+@dataclasses.dataclass
+class Served:
+    announce: WeightAnnounce
+    buckets: dict[int, Bucket]
+    arrays: dict[tuple, jax.Array]  # the converted parameters, donated to a later version's conversion
 
 
 class WeightPublisher:
-    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *,
-                 state_file: Path | None = None, serve: bool | None = None):
+    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *, state_file: Path | None = None):
         self.cfg, self.model_config, self.state_file = cfg, model_config, state_file
-        self.serving = jax.process_index() == 0 if serve is None else serve
-        self.version = _read_version(state_file) if self.serving else 0
-        if jax.process_count() > 1:  # process 0's record holds (other hosts may not see the file)
+        self.process, self.processes = jax.process_index(), jax.process_count()
+        self.lead = self.process == 0
+        self.version = _read_version(state_file) if self.lead else 0
+        if self.processes > 1:  # process 0's record holds (other hosts may not see the file)
             from jax.experimental import multihost_utils
             self.version = int(multihost_utils.broadcast_one_to_all(np.int64(self.version)))
-        self._versions: OrderedDict[int, tuple[WeightAnnounce, list[np.ndarray]]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._versions: OrderedDict[int, Served] = OrderedDict()
+        self._changed = threading.Condition()
+        self._layouts: dict[tuple, Layout] = {}
         self._stop = threading.Event()
-        self.server = self.pub = None
-        if self.serving:
-            self.server = Server(cfg.serve, self.handle, role="weights").start()
+        self.bytes_served = 0
+        self.stages: dict[str, float] = {}  # the last publish's seconds by stage
+        self.server = Server(cfg.host_serve(self.process), self.handle, role="weights", workers=cfg.serve_threads,
+                             io_threads=cfg.io_threads, info=self.info).start()
+        self.hosts = _exchange(self._advertised(), self.processes)
+        self.pub = None
+        if self.lead:
             self.pub = Publisher(cfg.announce)
             self._repeater = threading.Thread(target=self._reannounce, name="weights-announce", daemon=True)
             self._repeater.start()
 
+    def _advertised(self) -> str:
+        if not self.cfg.advertise:
+            return self.server.endpoint
+        port = self.server.endpoint.rpartition(":")[2]
+        return self.cfg.advertise.format(host=socket.getfqdn(), process=self.process, port=port)
+
+    # -- publishing
     def publish(self, params) -> int:
-        """Convert, pack, serve and announce `params` as the next version; returns it."""
-        start = time.monotonic()
+        """Announce, convert, fill and serve `params` as the next version; returns it."""
+        start = time.perf_counter()
         version = self.version + 1
-        infos, datas = [], []
-        bucket_bytes = self.cfg.bucket_mb * 2**20
-        for i, bucket in enumerate(hf_buckets(params, self.model_config, bucket_bytes, _NUMPY[self.cfg.dtype])):
-            if self.serving:
-                info, data = pack_bucket(i, bucket, self.cfg.dtype)
-                infos.append(info)
-                datas.append(data)
-        self.version = version
-        if self.serving:
-            ann = WeightAnnounce(version=version, buckets=infos, total_bytes=sum(i.nbytes for i in infos),
-                                 published_at=time.time())
-            with self._lock:
-                self._versions[version] = (ann, datas)
-                while len(self._versions) > self.cfg.keep_versions:
-                    self._versions.popitem(last=False)
+        layout = self._layout(params)
+        ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
+                             total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
+        reuse = self._retire()
+        served = Served(ann, {i: Bucket([], threading.Event()) for i in layout.local}, {})
+        with self._changed:
+            self._versions[version] = served
+            self._changed.notify_all()
+            if self.pub is not None:
                 self.pub.send(ann)
+        announced = time.perf_counter()
+        times = self._fill(served, to_hf_device(params, self.model_config, self.cfg.dtype, reuse), layout)
+        self.version = version
+        if self.lead:
             _write_version(self.state_file, version)
-            log.info("published version %d: %d buckets, %.1f MB in %.2f s", version, len(infos),
-                     ann.total_bytes / 1e6, time.monotonic() - start)
+        end = time.perf_counter()
+        local = sum(b.nbytes for b in layout.buckets if b.host == self.process)
+        self.stages = {"announce_s": announced - start, **times, "publish_s": end - start,
+                       "host_bytes": local, "bytes": ann.total_bytes}
+        log.info("published version %d: %d buckets, %.1f MB (%.1f MB here) in %.2f s", version, len(layout.buckets),
+                 ann.total_bytes / 1e6, local / 1e6, end - start)
         return version
 
+    def _retire(self) -> dict[tuple, jax.Array] | None:
+        """Stop serving the versions beyond the window; the last one's arrays, to reuse."""
+        reuse = None
+        with self._changed:
+            while len(self._versions) >= self.cfg.keep_versions:
+                reuse = self._versions.popitem(last=False)[1].arrays
+        return reuse
+
+    def _layout(self, params) -> Layout:
+        shapes = hf_device_shapes(params, self.model_config, self.cfg.dtype)
+        key = tuple((path, x.shape, x.dtype, x.sharding) for path, x in shapes.items())
+        if key not in self._layouts:
+            specs = specs_for(params, self.model_config)
+            self._layouts = {key: plan(specs, shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
+                                       self.processes, self.process)}
+        return self._layouts[key]
+
+    def _fill(self, served: Served, converting, layout: Layout) -> dict[str, float]:
+        """Convert parameters in order, LOOKAHEAD ahead of the bucket being filled; copy this
+        host's blocks to host memory and into its buckets, each served the moment its last
+        piece is in. Every parameter is converted, served here or not (the program is the
+        same on every host). Returns seconds by stage."""
+        owned: dict[int, set] = {}
+        for pieces in layout.local.values():
+            for p in pieces:
+                owned.setdefault(p.param, set()).add(p.device)
+        arrays: list[jax.Array] = []
+        hosted: dict[tuple[int, jax.Device], np.ndarray] = {}
+        times = {"convert_s": 0.0, "host_copy_s": 0.0, "checksum_s": 0.0}
+
+        def convert_through(param: int) -> None:
+            start = time.perf_counter()
+            for path, x in itertools.islice(converting, max(0, param + 1 + LOOKAHEAD - len(arrays))):
+                served.arrays[path] = x
+                for device in owned.get(len(arrays), ()):
+                    _shard(x, device).copy_to_host_async()
+                arrays.append(x)
+            times["convert_s"] += time.perf_counter() - start
+
+        for index in sorted(layout.local):  # numbered in tensor order
+            bucket = served.buckets[index]
+            for p in layout.local[index]:
+                convert_through(p.param)
+                if (p.param, p.device) not in hosted:
+                    start = time.perf_counter()
+                    hosted[p.param, p.device] = np.asarray(_shard(arrays[p.param], p.device)).reshape(-1).view(np.uint8)
+                    times["host_copy_s"] += time.perf_counter() - start
+                bucket.frames.append(hosted[p.param, p.device][p.offset:p.offset + p.nbytes])
+            start = time.perf_counter()
+            bucket.checksum = checksum(bucket.frames)
+            times["checksum_s"] += time.perf_counter() - start
+            bucket.ready.set()
+        convert_through(2**31)
+        return times
+
+    # -- serving
     def handle(self, msg: Message) -> Message:
-        with self._lock:
-            if isinstance(msg, WeightLatest):
+        if isinstance(msg, WeightLatest):
+            with self._changed:
                 if not self._versions:
                     return Error(code="not_found", message="no version published yet")
-                return next(reversed(self._versions.values()))[0]
-            if isinstance(msg, WeightPull):
-                return self._bucket(msg)
+                return next(reversed(self._versions.values())).announce
+        if isinstance(msg, WeightPull):
+            return self._bucket(msg)
         return Error(code="bad_request", message=f"the weight publisher does not serve {type(msg).__name__}")
 
     def _bucket(self, msg: WeightPull) -> Message:
-        served = self._versions.get(msg.version)
+        served = self._served(msg.version)
         if served is None:
             newest = next(reversed(self._versions), None)
             return Error(code="not_found", message=f"version {msg.version} is not served (newest: {newest})")
-        ann, datas = served
-        if not 0 <= msg.bucket < len(datas):
-            return Error(code="not_found", message=f"version {msg.version} has buckets 0..{len(datas) - 1}")
-        return WeightBucket(version=msg.version, bucket=msg.bucket, data=datas[msg.bucket])
+        bucket = served.buckets.get(msg.bucket)
+        if bucket is None:
+            n = len(served.announce.buckets)
+            return Error(code="not_found", message=f"bucket {msg.bucket} of version {msg.version} is not served "
+                                                   f"here (host {self.process}; the version has {n} buckets)")
+        if not bucket.ready.wait(self.cfg.serve.timeout_s):
+            return Error(code="unavailable", message=f"version {msg.version} bucket {msg.bucket} is not filled yet")
+        with self._changed:
+            self.bytes_served += sum(f.nbytes for f in bucket.frames)
+        return WeightBucket(version=msg.version, bucket=msg.bucket, checksum=bucket.checksum, pieces=bucket.frames)
+
+    def _served(self, version: int) -> Served | None:
+        """The version, waiting for it while this host has yet to start it (process 0 may
+        announce it before every host has queued its conversion)."""
+        deadline = time.monotonic() + self.cfg.serve.timeout_s
+        with self._changed:
+            while version == self.version + 1 and version not in self._versions:
+                if not self._changed.wait(max(0.0, deadline - time.monotonic())):
+                    break
+            return self._versions.get(version)
+
+    def info(self) -> dict:
+        return {"process": self.process, "version": self.version, "bytes_served": self.bytes_served}
 
     def _reannounce(self) -> None:
         while not self._stop.wait(self.cfg.reannounce_s):
-            with self._lock:
+            with self._changed:
                 if self._versions:
-                    self.pub.send(next(reversed(self._versions.values()))[0])
+                    self.pub.send(next(reversed(self._versions.values())).announce)
 
     def close(self) -> None:
         self._stop.set()
-        if self.serving:
+        if self.pub is not None:
             self._repeater.join()
-            self.server.stop()
             self.pub.close()
+        self.server.stop()
+
+
+def _shard(x: jax.Array, device: jax.Device) -> jax.Array:
+    return next(s.data for s in x.addressable_shards if s.device == device)
+
+
+def _exchange(endpoint: str, processes: int) -> list[str]:
+    """Every host's bucket-server endpoint, on every host (a few hundred bytes, once)."""
+    if processes == 1:
+        return [endpoint]
+    from jax.experimental import multihost_utils
+    raw = np.zeros(512, np.uint8)
+    raw[:len(endpoint)] = np.frombuffer(endpoint.encode(), np.uint8)
+    return [bytes(row).rstrip(b"\0").decode() for row in np.asarray(multihost_utils.process_allgather(raw))]
 
 
 def _read_version(path: Path | None) -> int:

@@ -58,3 +58,55 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSyncConfig:
+    """How weight versions travel (dart_jax.train.publish -> rollout_gpu.vllm_ext).
+
+    Process 0 of the trainer announces each version on `announce` (PUB); every trainer host
+    serves the blocks of the parameters it holds on its own bucket server: host 0 binds
+    `serve.endpoint`, host i the same endpoint with the port raised by i (tcp) or `-i`
+    appended to the path (ipc). Workers reach host i at `advertise` when set (`{host}`: the
+    host's name, `{port}`: the port it bound, `{process}`: i; e.g. `tcp://{host}:{port}` for
+    hosts bound to 0.0.0.0), else at the endpoint it bound. `dtype` is what travels
+    and what the engine loads: the rollout engine's dtype (the run config checks).
+    No message exceeds `serve.max_message_bytes`, whatever the tensor: a block larger
+    than a bucket is cut into rows across buckets and reassembled by the worker."""
+    announce: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5560")
+    serve: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5561")
+    advertise: str = ""
+    dtype: str = "float32"
+    bucket_mb: int = bounded(4, ge=1)  # small messages recycle the receiver's buffers
+    keep_versions: int = bounded(2, ge=1)  # versions served at once (a slow puller finishes)
+    reannounce_s: float = bounded(2.0, gt=0)  # PUB drops what slow joiners missed
+    pull_timeout_s: float = bounded(300.0, gt=0)  # one whole version (serve.timeout_s: one bucket)
+    serve_threads: int = bounded(8, ge=1)  # bucket requests answered at once, per trainer host
+    io_threads: int = bounded(2, ge=1)  # ZeroMQ threads writing buckets to sockets, per host
+    pull_depth: int = bounded(4, ge=1)  # bucket requests a worker keeps in flight per host
+
+    def __post_init__(self) -> None:
+        if self.dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}: one of {WEIGHT_DTYPES}")
+        if self.bucket_mb * 2**20 > self.serve.max_message_bytes - 2**20:
+            raise ValueError(f"bucket_mb {self.bucket_mb} does not fit serve.max_message_bytes "
+                             f"{self.serve.max_message_bytes} (leave 1 MiB for the header)")
+
+    def host_serve(self, process: int) -> WireConfig:
+        """The bucket server trainer host `process` binds."""
+        return dataclasses.replace(self.serve, endpoint=host_endpoint(self.serve.endpoint, process))
+
+
+def host_endpoint(endpoint: str, process: int) -> str:
+    """`endpoint` for trainer host `process`: port + process (tcp; port 0 stays 0), path
+    + `-process` (ipc), unchanged for host 0."""
+    if process == 0:
+        return endpoint
+    scheme, _, rest = endpoint.partition("://")
+    if scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        return f"tcp://{host}:{int(port) + process if int(port) else 0}"
+    return f"{endpoint}-{process}"

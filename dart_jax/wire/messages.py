@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Union
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 2  # 2: curated batches name their screenshots by content (ScreenshotRef)
+PROTOCOL_VERSION = 3  # 3: weight versions travel as pieces of tensors, served by every trainer host
 
 ErrorCode = Literal["bad_request", "unknown_message", "too_large", "version", "timeout",
                     "internal", "not_found", "unavailable", "conflict"]
@@ -84,12 +84,13 @@ class Step(Msg):
     response_ids: np.ndarray  # int32 [R]: sampled token ids
     logprobs: np.ndarray  # float32 [R]: the sampler's log-probs of response_ids
     image_refs: list[int]  # indices into Trajectory.screenshots, in prompt order
-    policy_version: Version
+    policy_version: Version  # the version the request was submitted under
     response_text: str
     action: str = ""  # canonical action text after parsing; "" when invalid
     valid: bool = True
-    # True when a weight update landed while this response was generated: its tokens came
-    # from two versions and its log-probs match neither policy, so it is never trained on.
+    # True unless all of the response (its prefill, the KV it reused, its tokens) came from
+    # `policy_version`: a weight update cut across it, its log-probs match neither policy,
+    # and it is never trained on.
     straddles_update: bool = False
     gen_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the model call
     env_s: tuple[float, float] = (0.0, 0.0)  # wall-clock start, end of the env step
@@ -289,29 +290,44 @@ class Exported(Msg):
 
 
 # ---- trainer -> rollout workers: weights ------------------------------------------------
-# The trainer's publisher announces each version on a PUB socket (WeightAnnounce) and
-# serves its buckets on a ROUTER (WeightPull -> WeightBucket). A bucket is the raw bytes
-# of several Hugging Face-named, torch-layout tensors back to back; its manifest gives
-# each tensor's place, and a CRC-32 guards the whole bucket.
+# A version is a list of tensors (Hugging Face names, torch layout, the engine's dtype). Each
+# trainer host serves the blocks of them it holds (its shards) as pieces grouped in buckets
+# (WeightPull -> WeightBucket); process 0 announces the version on a PUB socket
+# (WeightAnnounce: every tensor, and every bucket's host and pieces). A bucket reply carries
+# its pieces as raw frames and an xxh3-64 checksum of their bytes; the worker reassembles
+# each tensor from its pieces. See dart_jax.wire.weights.
+
+WeightDtype = Literal["float32", "bfloat16", "float16"]
+Endpoint = Annotated[str, msgspec.Meta(max_length=256, pattern=r"^(?:tcp|ipc)://[^\x00-\x20\x7f]+\Z")]
+Dims = Annotated[list[Natural], msgspec.Meta(max_length=8)]
+Checksum = Annotated[int, msgspec.Meta(ge=0)]  # an unsigned 64-bit hash
+
 
 class TensorInfo(Msg):
     name: Id  # Hugging Face name (model.layers.0.self_attn.q_proj.weight)
-    dtype: Literal["float32", "bfloat16", "float16"]
-    shape: list[Natural]
-    offset: Natural  # byte offset in the bucket
-    nbytes: Natural
+    dtype: WeightDtype
+    shape: Dims
+
+
+class PieceInfo(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The block `start[d]:start[d] + shape[d]` of tensor `tensor`, C-order bytes."""
+    tensor: Natural  # index into WeightAnnounce.tensors
+    start: Dims
+    shape: Dims
 
 
 class WeightBucketInfo(Msg):
     index: Natural
+    host: Natural  # index into WeightAnnounce.hosts
     nbytes: Natural
-    crc32: Natural
-    tensors: list[TensorInfo]
+    pieces: list[PieceInfo]
 
 
 class WeightAnnounce(Msg):
-    """Version `version` of the policy can be pulled, bucket by bucket."""
+    """Version `version` of the policy can be pulled, bucket by bucket, from its hosts."""
     version: Natural
+    hosts: list[Endpoint]  # the bucket server of each trainer host
+    tensors: list[TensorInfo]
     buckets: list[WeightBucketInfo]
     total_bytes: Natural
     published_at: float
@@ -329,7 +345,8 @@ class WeightPull(Msg):
 class WeightBucket(Msg):
     version: Natural
     bucket: Natural
-    data: np.ndarray  # uint8 [nbytes]
+    checksum: Checksum  # xxh3-64 of the pieces' bytes, in order
+    pieces: list[np.ndarray]  # uint8, one per PieceInfo of the bucket
 
 
 # ---- rollout worker <-> env server --------------------------------------------------------

@@ -55,13 +55,17 @@ class WireTimeout(TimeoutError):
     """No reply within the request's timeout."""
 
 
+class Cancelled(Exception):
+    """The caller's cancel event was set while a request waited for its reply."""
+
+
 class Server:
     """Serves `handler` on a ROUTER socket bound to `cfg.endpoint`."""
 
     def __init__(self, cfg: WireConfig, handler: Handler, *, role: str, workers: int = 0,
-                 info: Callable[[], dict] | None = None):
+                 info: Callable[[], dict] | None = None, io_threads: int = 1):
         self.cfg, self.handler, self.role, self.info = cfg, handler, role, info
-        self.ctx = zmq.Context()
+        self.ctx = zmq.Context(io_threads=io_threads)
         self.auth = curve.start_server_auth(self.ctx, cfg.curve) if cfg.curve else None
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -188,23 +192,29 @@ def _result(reply: Message) -> Message:
 
 
 class Client:
-    """Blocking client; one request at a time per instance (use one per thread)."""
+    """Blocking client; one request at a time per instance (use one per thread). Clients
+    on many threads may share one ZeroMQ context (`ctx`, which the caller then closes)."""
 
-    def __init__(self, cfg: WireConfig):
+    def __init__(self, cfg: WireConfig, ctx: zmq.Context | None = None):
         self.cfg = cfg
-        self.ctx = zmq.Context()
+        self._own_ctx = ctx is None
+        self.ctx = zmq.Context() if ctx is None else ctx
         self.sock = _client_socket(self.ctx, cfg)
         self._rids = itertools.count(1)
 
-    def request(self, msg: Message, timeout_s: float | None = None) -> Message:
-        """The reply to `msg`; raises RemoteError for an Error reply, WireTimeout, and
-        WireError `too_large` for a message over the size limit (not sent)."""
+    def request(self, msg: Message, timeout_s: float | None = None,
+                cancel: threading.Event | None = None) -> Message:
+        """The reply to `msg`; raises RemoteError for an Error reply, WireTimeout, WireError
+        `too_large` for a message over the size limit (not sent), and Cancelled within
+        0.1 s of `cancel` being set."""
         rid = next(self._rids)
         self.sock.send_multipart(_encode_request(msg, rid, self.cfg), copy=False)
         deadline = time.monotonic() + (timeout_s or self.cfg.timeout_s)
         while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                break
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"request to {self.cfg.endpoint} cancelled")
+            if not self.sock.poll(int(min(left, 0.1 if cancel is not None else left) * 1000) + 1):
+                continue
             frames = self.sock.recv_multipart(copy=False)
             got, reply = codec.decode([f.buffer for f in frames], self.cfg.max_message_bytes)
             if got == rid:
@@ -213,7 +223,8 @@ class Client:
 
     def close(self) -> None:
         self.sock.close(0)
-        self.ctx.term()
+        if self._own_ctx:
+            self.ctx.term()
 
     def __enter__(self) -> "Client":
         return self

@@ -1,100 +1,349 @@
-"""Weight transfer between the trainer and the rollout workers: config, buckets, checks.
+"""Weight versions on the wire: pieces, buckets, checks, and the worker-side puller.
 
-A published version is a list of buckets; a bucket is the raw bytes of several Hugging
-Face-named, torch-layout tensors back to back (`pack_bucket`), described by a
-`WeightBucketInfo` (each tensor's name, dtype, shape and byte range, and a CRC-32 of the
-whole bucket). The receiver checks sizes and the CRC before it reads a single tensor
-(`check_bucket`), so a corrupt or truncated bucket never reaches the model. No JAX and no
-torch here: the trainer packs numpy arrays, the vLLM worker views the bytes as torch
-tensors itself (`bfloat16` has no numpy dtype without ml_dtypes).
+A version is a list of Hugging Face-named, torch-layout tensors. Each trainer host serves
+the blocks of them it holds (its shards, converted on its devices), so no host gathers
+what it does not serve. A block larger than a bucket is cut into rows (`split_block`), so
+no message exceeds the limit whatever the tensor; a piece is one such block or row range,
+and a bucket is a run of one host's pieces (`pack_buckets`). The announcement lists every
+tensor and every bucket's host and pieces; `check_announce` refuses one whose pieces do not
+tile every tensor exactly, `check_tensors` one that lacks a tensor the model needs.
+
+The worker pulls every host's buckets at once, `depth` requests in flight per host
+(`Puller`), checks each reply's sizes and xxh3-64 checksum before it reads a byte
+(`check_bucket`), and reassembles the tensors (`Assembler`): a tensor that travels as one
+piece is a view of the received frame, a cut one is copied block by block into one buffer
+(reused across versions when the caller keeps them). No JAX and no torch: the vLLM worker
+views the bytes as torch tensors itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import zlib
-from typing import Iterable, Sequence
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
+import xxhash
+import zmq
 
-from dart_jax.config import bounded
-from dart_jax.wire.config import WireConfig
-from dart_jax.wire.messages import TensorInfo, WeightAnnounce, WeightBucket, WeightBucketInfo
+from dart_jax.wire.codec import MAX_FRAMES
+from dart_jax.wire.config import WireConfig, check_endpoint
+from dart_jax.wire.messages import PieceInfo, TensorInfo, WeightAnnounce, WeightBucket, WeightBucketInfo, WeightPull
+from dart_jax.wire.transport import Cancelled, Client, WireTimeout
 
-DTYPES = ("float32", "bfloat16", "float16")
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+log = logging.getLogger(__name__)
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+MAX_PIECES_PER_TENSOR = 4096  # the exact-cover check is quadratic in them
+HEADER_BYTES = 2**20  # room left in a message for the header beside a bucket's bytes
 
 
-@dataclasses.dataclass(frozen=True)
-class WeightSyncConfig:
-    """Where the trainer announces versions (PUB) and serves their buckets (ROUTER);
-    rollout workers connect to both. `dtype` is what travels and what the engine loads:
-    it must be the rollout engine's dtype (the run config checks)."""
-    announce: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5560")
-    serve: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5561")
-    dtype: str = "float32"
-    bucket_mb: int = bounded(64, ge=1)
-    keep_versions: int = bounded(2, ge=1)  # versions served at once (a slow puller finishes)
-    reannounce_s: float = bounded(2.0, gt=0)  # PUB drops what slow joiners missed
-    pull_timeout_s: float = bounded(60.0, gt=0)  # one bucket
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r}: one of {DTYPES}")
-        if self.bucket_mb * 2**20 > self.serve.max_message_bytes - 2**20:
-            raise ValueError(f"bucket_mb {self.bucket_mb} does not fit serve.max_message_bytes "
-                             f"{self.serve.max_message_bytes} (leave 1 MiB for the header)")
+def canonical_hf_name(name: str) -> str:
+    """The name a version carries (the original checkpoints') for a name written by either
+    naming scheme (transformers 5 saves `model.language_model.*` and `model.visual.*`)."""
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model.") :]
+    if name.startswith("model.visual."):
+        return name[len("model.") :]
+    return name
 
 
 class WeightTransferError(Exception):
-    """A bucket or announcement that must not be loaded (corrupt, missing, mismatched)."""
+    """A version, bucket or pull that must not be loaded (corrupt, incomplete, mismatched)."""
 
 
-def pack_bucket(index: int, tensors: Sequence[tuple[str, np.ndarray]], dtype: str) -> tuple[WeightBucketInfo, np.ndarray]:
-    """(manifest entry, uint8 bytes) of tensors already in `dtype`, back to back."""
-    infos, offset = [], 0
-    for name, x in tensors:
-        if x.dtype.name != dtype:
-            raise ValueError(f"{name}: dtype {x.dtype.name}, the bucket carries {dtype}")
-        infos.append(TensorInfo(name=name, dtype=dtype, shape=list(x.shape), offset=offset, nbytes=x.nbytes))
-        offset += x.nbytes
-    data = np.empty(offset, np.uint8)
-    for info, (_, x) in zip(infos, tensors):
-        data[info.offset:info.offset + info.nbytes] = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-    return WeightBucketInfo(index=index, nbytes=offset, crc32=zlib.crc32(data), tensors=infos), data
+def split_block(start: Sequence[int], shape: Sequence[int], itemsize: int,
+                limit: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(start, shape) of row ranges of a block, each at most `limit` bytes and each a
+    contiguous range of the block's C-order bytes (a row larger than `limit` is cut the
+    same way along the next dimension)."""
+    start, shape = tuple(start), tuple(shape)
+    if not shape or math.prod(shape) * itemsize <= limit:
+        return [(start, shape)]
+    row = math.prod(shape[1:]) * itemsize
+    if row > limit:
+        return [((start[0] + r,) + s, (1,) + sh) for r in range(shape[0])
+                for s, sh in split_block(start[1:], shape[1:], itemsize, limit)]
+    rows = limit // row
+    return [((start[0] + r,) + start[1:], (min(rows, shape[0] - r),) + shape[1:]) for r in range(0, shape[0], rows)]
 
 
-def check_announce(ann: WeightAnnounce) -> None:
-    """Raise WeightTransferError unless every tensor lies inside its bucket and matches
-    its dtype and shape, buckets are numbered 0..n-1, and the sizes add up."""
+def piece_bytes(piece: PieceInfo, tensors: Sequence[TensorInfo]) -> int:
+    return math.prod(piece.shape) * ITEMSIZE[tensors[piece.tensor].dtype]
+
+
+def pack_buckets(host_pieces: Sequence[Sequence[PieceInfo]], tensors: Sequence[TensorInfo],
+                 bucket_bytes: int) -> list[WeightBucketInfo]:
+    """Every host's pieces (in tensor order) in runs of at most `bucket_bytes`, numbered
+    by the tensor they start with, so pulling each host's buckets in order completes the
+    tensors roughly in order."""
+    runs = []
+    for host, pieces in enumerate(host_pieces):
+        run, size = [], 0
+        for p in pieces:
+            n = piece_bytes(p, tensors)
+            if run and (size + n > bucket_bytes or len(run) == MAX_FRAMES - 2):
+                runs.append((host, run, size))
+                run, size = [], 0
+            run.append(p)
+            size += n
+        if run:
+            runs.append((host, run, size))
+    runs.sort(key=lambda r: (r[1][0].tensor, r[0]))
+    return [WeightBucketInfo(index=i, host=h, nbytes=n, pieces=list(run)) for i, (h, run, n) in enumerate(runs)]
+
+
+def checksum(frames: Sequence) -> int:
+    """xxh3-64 of the frames' bytes, in order (tens of GB/s: the check costs no time)."""
+    h = xxhash.xxh3_64()
+    for f in frames:
+        h.update(f)
+    return h.intdigest()
+
+
+# ---- checks ---------------------------------------------------------------------------
+
+def check_announce(ann: WeightAnnounce, max_message_bytes: int) -> None:
+    """Raise WeightTransferError unless the buckets are numbered 0..n-1, each names a host,
+    fits a message and adds up, and the pieces tile every tensor exactly (inside it, no
+    overlap, every element once)."""
+    v = f"version {ann.version}"
+    if not ann.hosts:
+        raise WeightTransferError(f"{v}: no host serves it")
+    if len({t.name for t in ann.tensors}) != len(ann.tensors):
+        raise WeightTransferError(f"{v}: a tensor is listed twice")
     if [b.index for b in ann.buckets] != list(range(len(ann.buckets))):
-        raise WeightTransferError(f"version {ann.version}: buckets not numbered 0..{len(ann.buckets) - 1}")
-    if sum(b.nbytes for b in ann.buckets) != ann.total_bytes:
-        raise WeightTransferError(f"version {ann.version}: bucket sizes do not add up to {ann.total_bytes}")
+        raise WeightTransferError(f"{v}: buckets not numbered 0..{len(ann.buckets) - 1}")
+    blocks: list[list[PieceInfo]] = [[] for _ in ann.tensors]
     for b in ann.buckets:
-        end = 0
-        for t in b.tensors:
-            want = int(np.prod(t.shape, dtype=np.int64)) * _ITEMSIZE[t.dtype]
-            if any(d < 0 for d in t.shape) or t.nbytes != want or t.offset != end:
-                raise WeightTransferError(f"version {ann.version} bucket {b.index}: tensor {t.name} "
-                                          f"has {t.nbytes} bytes at {t.offset}, expected {want} at {end}")
-            end += t.nbytes
-        if end != b.nbytes:
-            raise WeightTransferError(f"version {ann.version} bucket {b.index}: tensors cover {end} of {b.nbytes} bytes")
+        _check_bucket_info(ann, b, max_message_bytes)
+        for p in b.pieces:
+            blocks[p.tensor].append(p)
+    if sum(b.nbytes for b in ann.buckets) != ann.total_bytes:
+        raise WeightTransferError(f"{v}: bucket sizes do not add up to {ann.total_bytes}")
+    for t, pieces in zip(ann.tensors, blocks):
+        _check_cover(v, t, pieces)
 
 
-def check_bucket(info: WeightBucketInfo, reply: WeightBucket, version: int) -> np.ndarray:
-    """The bucket's bytes, once they are the announced bucket of `version`, whole and intact."""
-    if reply.version != version or reply.bucket != info.index:
-        raise WeightTransferError(f"asked for version {version} bucket {info.index}, "
+def _check_bucket_info(ann: WeightAnnounce, b: WeightBucketInfo, max_message_bytes: int) -> None:
+    where = f"version {ann.version} bucket {b.index}"
+    if b.host >= len(ann.hosts) or not b.pieces or len(b.pieces) >= MAX_FRAMES:
+        raise WeightTransferError(f"{where}: host {b.host} of {len(ann.hosts)}, {len(b.pieces)} pieces")
+    for p in b.pieces:
+        if p.tensor >= len(ann.tensors):
+            raise WeightTransferError(f"{where}: piece of tensor {p.tensor}, the version has {len(ann.tensors)}")
+        t = ann.tensors[p.tensor]
+        if not (len(p.start) == len(p.shape) == len(t.shape)) or \
+                any(n < 1 or s + n > d for s, n, d in zip(p.start, p.shape, t.shape)):
+            raise WeightTransferError(f"{where}: block {p.start}+{p.shape} does not lie in {t.name} {t.shape}")
+    if sum(piece_bytes(p, ann.tensors) for p in b.pieces) != b.nbytes:
+        raise WeightTransferError(f"{where}: pieces do not add up to {b.nbytes} bytes")
+    if b.nbytes > max_message_bytes - HEADER_BYTES:
+        raise WeightTransferError(f"{where}: {b.nbytes} bytes do not fit a message of {max_message_bytes}")
+
+
+def _check_cover(version: str, t: TensorInfo, pieces: list[PieceInfo]) -> None:
+    if len(pieces) > MAX_PIECES_PER_TENSOR:
+        raise WeightTransferError(f"{version}: {t.name} comes in {len(pieces)} pieces "
+                                  f"(at most {MAX_PIECES_PER_TENSOR}; raise bucket_mb)")
+    if sum(math.prod(p.shape) for p in pieces) != math.prod(t.shape):
+        raise WeightTransferError(f"{version}: the pieces of {t.name} cover {sum(math.prod(p.shape) for p in pieces)}"
+                                  f" of its {math.prod(t.shape)} elements")
+    if len(pieces) > 1:
+        lo = np.asarray([p.start for p in pieces], np.int64)
+        hi = lo + np.asarray([p.shape for p in pieces], np.int64)
+        for i in range(len(pieces) - 1):  # blocks overlap when their ranges overlap in every dimension
+            if (np.maximum(lo[i], lo[i + 1:]) < np.minimum(hi[i], hi[i + 1:])).all(axis=1).any():
+                raise WeightTransferError(f"{version}: pieces of {t.name} overlap")
+
+
+def check_tensors(ann: WeightAnnounce, expected: Mapping[str, Sequence[int]], dtype: str) -> None:
+    """Raise WeightTransferError unless the version holds exactly the tensors the model
+    loads (`expected`: name -> shape), in the engine's `dtype`: a missing tensor would keep
+    its old values under the new version's label."""
+    got = {t.name: t for t in ann.tensors}
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    if missing or extra:
+        raise WeightTransferError(f"version {ann.version}: missing {_few(missing)}, unexpected {_few(extra)}")
+    for name, shape in expected.items():
+        t = got[name]
+        if list(t.shape) != list(shape) or t.dtype != dtype:
+            raise WeightTransferError(f"version {ann.version}: {name} is {t.dtype} {t.shape}, "
+                                      f"the engine loads {dtype} {list(shape)}")
+
+
+def _few(names: list[str]) -> str:
+    return "none" if not names else ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_bucket(info: WeightBucketInfo, reply: WeightBucket, ann: WeightAnnounce) -> list[np.ndarray]:
+    """The bucket's frames, once they are the announced pieces of this version, whole and intact."""
+    if reply.version != ann.version or reply.bucket != info.index:
+        raise WeightTransferError(f"asked for version {ann.version} bucket {info.index}, "
                                   f"got version {reply.version} bucket {reply.bucket}")
-    data = reply.data
-    if data.dtype != np.uint8 or data.ndim != 1 or data.nbytes != info.nbytes:
-        raise WeightTransferError(f"version {version} bucket {info.index}: {data.nbytes} bytes, expected {info.nbytes}")
-    if zlib.crc32(data) != info.crc32:
-        raise WeightTransferError(f"version {version} bucket {info.index}: CRC-32 mismatch (corrupt bucket)")
-    return data
+    where = f"version {ann.version} bucket {info.index}"
+    if len(reply.pieces) != len(info.pieces):
+        raise WeightTransferError(f"{where}: {len(reply.pieces)} pieces, expected {len(info.pieces)}")
+    for frame, p in zip(reply.pieces, info.pieces):
+        if frame.dtype != np.uint8 or frame.ndim != 1 or frame.nbytes != piece_bytes(p, ann.tensors):
+            raise WeightTransferError(f"{where}: a piece of {frame.nbytes} bytes, expected {piece_bytes(p, ann.tensors)}")
+    if checksum(reply.pieces) != reply.checksum:
+        raise WeightTransferError(f"{where}: checksum mismatch (corrupt bucket)")
+    return reply.pieces
 
 
-def tensor_names(ann: WeightAnnounce) -> Iterable[str]:
-    return (t.name for b in ann.buckets for t in b.tensors)
+# ---- reassembly -----------------------------------------------------------------------
+
+class Assembler:
+    """Tensors of one version from its pieces, each returned once complete. `buffers`
+    (name -> uint8 array) holds the buffers of cut tensors across versions: memory
+    touched once is reused instead of being faulted in again on every version."""
+
+    def __init__(self, ann: WeightAnnounce, buffers: dict[str, np.ndarray] | None = None):
+        self.tensors = ann.tensors
+        self.left = [math.prod(t.shape) for t in ann.tensors]
+        self.buffers = {} if buffers is None else buffers
+
+    def add(self, info: WeightBucketInfo, frames: Sequence[np.ndarray]) -> list[tuple[TensorInfo, np.ndarray]]:
+        done = []
+        for p, frame in zip(info.pieces, frames):
+            t = self.tensors[p.tensor]
+            if list(p.shape) == list(t.shape):
+                done.append((t, frame))
+            else:
+                self._place(t, p, frame)
+            self.left[p.tensor] -= math.prod(p.shape)
+            if self.left[p.tensor] == 0 and list(p.shape) != list(t.shape):
+                done.append((t, self.buffers[t.name]))
+        return done
+
+    def _place(self, t: TensorInfo, p: PieceInfo, frame: np.ndarray) -> None:
+        size = ITEMSIZE[t.dtype]
+        nbytes = math.prod(t.shape) * size
+        buf = self.buffers.get(t.name)
+        if buf is None or buf.nbytes != nbytes:
+            buf = self.buffers[t.name] = np.empty(nbytes, np.uint8)
+        rows = buf.reshape(*t.shape[:-1], t.shape[-1] * size)
+        index = tuple(slice(s, s + n) for s, n in zip(p.start[:-1], p.shape[:-1]))
+        index += (slice(p.start[-1] * size, (p.start[-1] + p.shape[-1]) * size),)
+        rows[index] = frame.reshape(*p.shape[:-1], p.shape[-1] * size)
+
+    def missing(self) -> list[str]:
+        return [t.name for t, n in zip(self.tensors, self.left) if n]
+
+
+# ---- the worker-side pull -------------------------------------------------------------
+
+_DONE = object()
+
+
+class Puller:
+    """One version from its hosts: `depth` bucket requests in flight per host, each bucket
+    checked, the whole pull bounded by `timeout_s`, stoppable from any thread (`stop`, or
+    setting `cancel`: its threads end within a poll interval). Iterating yields (tensor, uint8 bytes) as
+    tensors complete; anything wrong raises WeightTransferError, WireTimeout or RemoteError.
+
+        with Puller(ann, cfg.serve, timeout_s=cfg.pull_timeout_s) as pull:
+            for info, data in pull: ...
+    """
+
+    def __init__(self, ann: WeightAnnounce, wire: WireConfig, *, timeout_s: float, depth: int = 4,
+                 buffers: dict[str, np.ndarray] | None = None, cancel: threading.Event | None = None):
+        check_announce(ann, wire.max_message_bytes)
+        for endpoint in ann.hosts:  # an announcement may not send a worker anywhere its config forbids
+            check_endpoint(endpoint, wire.allow_remote)
+        self.ann, self.wire = ann, wire
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.assembler = Assembler(ann, buffers)
+        self.cancel = threading.Event() if cancel is None else cancel
+        self._items: queue.Queue = queue.Queue(maxsize=2 * depth * len(ann.hosts))
+        self._ctx = zmq.Context(io_threads=min(len(ann.hosts), 8))  # one socket writer per host, up to 8
+        self._todo = [iter([b for b in ann.buckets if b.host == h]) for h in range(len(ann.hosts))]
+        self._lock = threading.Lock()  # the lanes' next bucket
+        self._stopping = threading.Lock()  # one thread at a time closes the context
+        self._lanes = [threading.Thread(target=self._lane, args=(h,), name=f"pull-v{ann.version}-h{h}", daemon=True)
+                       for h in range(len(ann.hosts)) for _ in range(depth)]
+
+    def __enter__(self) -> "Puller":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __iter__(self) -> Iterator[tuple[TensorInfo, np.ndarray]]:
+        for lane in self._lanes:
+            lane.start()
+        running = len(self._lanes)
+        try:
+            while running:
+                item = self._get()
+                if item is _DONE:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield from self.assembler.add(*item)
+        finally:
+            self.stop()
+        if missing := self.assembler.missing():
+            raise WeightTransferError(f"version {self.ann.version}: incomplete after every bucket: {_few(missing)}")
+
+    def _get(self):
+        while True:
+            if self.cancel.is_set():
+                raise Cancelled(f"the pull of version {self.ann.version} was stopped")
+            try:
+                return self._items.get(timeout=0.1)
+            except queue.Empty:
+                if time.monotonic() > self.deadline + 1.0:  # the lanes time out first
+                    raise WeightTransferError(f"version {self.ann.version}: pull timed out") from None
+
+    def _lane(self, host: int) -> None:
+        wire = dataclasses.replace(self.wire, endpoint=self.ann.hosts[host])
+        try:
+            with Client(wire, ctx=self._ctx) as client:
+                while (info := self._next(host)) is not None:
+                    left = self.deadline - time.monotonic()
+                    try:
+                        if left <= 0:
+                            raise WireTimeout("no time left")
+                        reply = client.request(WeightPull(version=self.ann.version, bucket=info.index),
+                                               min(wire.timeout_s, left), cancel=self.cancel)
+                    except WireTimeout:
+                        if time.monotonic() < self.deadline:
+                            raise  # the host did not answer within serve.timeout_s
+                        raise WeightTransferError(f"version {self.ann.version}: not pulled within the pull "
+                                                  f"timeout ({self.timeout_s:g} s)") from None
+                    if not isinstance(reply, WeightBucket):
+                        raise WeightTransferError(f"a WeightPull answered with {type(reply).__name__}")
+                    self._put((info, check_bucket(info, reply, self.ann)))
+        except Cancelled:
+            return
+        except Exception as e:  # handed to the consumer, which stops every lane
+            self._put(e)
+        self._put(_DONE)
+
+    def _next(self, host: int) -> WeightBucketInfo | None:
+        with self._lock:
+            return None if self.cancel.is_set() else next(self._todo[host], None)
+
+    def _put(self, item) -> None:
+        while not self.cancel.is_set():
+            try:
+                return self._items.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+
+    def stop(self) -> None:
+        """End every lane (each within a poll interval) and wait for them; any thread may call it."""
+        self.cancel.set()
+        with self._stopping:
+            for lane in self._lanes:
+                if lane.is_alive():
+                    lane.join()
+            if not self._ctx.closed:
+                self._ctx.term()

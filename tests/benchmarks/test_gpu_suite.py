@@ -137,7 +137,7 @@ def test_the_driver_never_starts_a_device_backend():
 
 def test_the_publish_buckets_are_the_publishers():
     from benchmarks.publish_convert import BUCKET_MB
-    from dart_jax.wire.weights import WeightSyncConfig
+    from dart_jax.wire.config import WeightSyncConfig
 
     assert BUCKET_MB == WeightSyncConfig().bucket_mb
 

@@ -5,8 +5,9 @@ import pytest
 from flax import nnx
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import canonical_hf_name, hf_buckets, hf_tensors, specs_for
+from dart_jax.models.convert import hf_buckets, hf_tensors, specs_for
 from dart_jax.models.qwen25vl import abstract_model, create_model
+from dart_jax.wire.weights import canonical_hf_name
 from tests.models import hf_reference as R
 
 
@@ -22,10 +23,11 @@ def test_names_and_layouts(model):
     assert specs["visual.patch_embed.proj.weight"].hf_shape == (32, 3, 2, 14, 14)
     q = specs["model.layers.1.self_attn.q_proj.weight"]
     assert q.kind == "linear" and q.hf_shape == q.shape[::-1]
-    rng = np.random.default_rng(0)
-    for s in specs.values():
-        x = rng.standard_normal(s.shape).astype(np.float32)
-        assert s.to_hf(x).shape == s.hf_shape and np.array_equal(s.from_hf(s.to_hf(x)), x)
+    flat = dict(nnx.to_flat_state(nnx.state(model)))
+    for name, x in hf_tensors(nnx.state(model), model.config):  # the device conversion, inverted by from_hf
+        s = specs[name]
+        param = np.asarray(flat[s.path].get_value())
+        assert x.shape == s.hf_shape and np.array_equal(s.from_hf(x), param if s.layer is None else param[s.layer])
     assert canonical_hf_name("model.language_model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
     assert canonical_hf_name("model.visual.blocks.0.norm1.weight") == "visual.blocks.0.norm1.weight"
     _, abstract = abstract_model(model.config)

@@ -2,14 +2,15 @@
 each form one mesh through `jax.distributed` on loopback and take RL steps on curated
 batches from a data manager (process 0 fetches them, both build their own rows). Losses,
 the exported parameters and every published version equal those of one process with four
-devices on the same data; what the pod publishes reaches a worker-side puller intact. The
-store holds STEPS batches and both trainers ask for one more: process 0 waits
-`batch_wait_s` for it and every host of the pod stops at step STEPS with it.
+devices on the same data. Each host of the pod serves the blocks it holds from its own
+bucket server: a worker-side puller reassembles every version from both, each host sends
+exactly its share (bytes measured at both ends) and neither sends it all. The store holds
+STEPS batches and both trainers ask for one more: process 0 waits `batch_wait_s` for it
+and every host of the pod stops at step STEPS with it.
 """
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,22 +22,17 @@ from safetensors.numpy import load_file
 from dart_jax.config import dump
 from dart_jax.config.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
-from dart_jax.train.config import BucketConfig, MeshConfig, OptimizerConfig, TrainerConfig
-from dart_jax.train.config import DistributedConfig, TrainRunConfig
-from dart_jax.wire import Client, WireConfig, WireTimeout
-from dart_jax.wire.messages import WeightAnnounce, WeightPull
+from dart_jax.train.config import BucketConfig, DistributedConfig, MeshConfig, OptimizerConfig, TrainerConfig, TrainRunConfig
+from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
+from dart_jax.wire.config import WeightSyncConfig
+from dart_jax.wire.messages import Ping, WeightAnnounce
 from dart_jax.wire.pubsub import Subscriber
-from dart_jax.wire.weights import WeightSyncConfig, check_bucket
+from dart_jax.wire.weights import Puller, WeightTransferError
+from tests.net import free_port
 from tests.train import dm_store
 
 pytestmark = pytest.mark.slow
 STEPS = 3  # the batches 24 rollouts make (two tasks, groups of 4, two tasks a batch)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +44,7 @@ def store(tmp_path_factory):
 
 def _config(tmp_path, name, store, tiny_dir, distributed: DistributedConfig, rows: int):
     dm, stop = dm_store.serve_copy(store, tmp_path / f"{name}-dm")
-    sock = lambda k: WireConfig(endpoint=f"ipc://{tmp_path}/{name}-{k}.sock")  # noqa: E731
+    sock = lambda k: WireConfig(endpoint=f"ipc://{tmp_path}/{name}-{k}.sock")  # noqa: E731 (host i: -i appended)
     cfg = RunConfig(run=RunSection(name=name, root=str(tmp_path)), policy=PolicySection(hf_dir=str(tiny_dir)),
                     data=dm, weights=WeightSyncConfig(announce=sock("announce"), serve=sock("weights"),
                                                       reannounce_s=0.2),
@@ -69,11 +65,12 @@ def _train(path, devices: int, process_id: int | None = None) -> subprocess.Pope
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-class Puller:
-    """A rollout worker's side of weight sync: every announced version pulled and checked."""
+class Follower:
+    """A rollout worker's side of weight sync: every announced version pulled from its hosts
+    and reassembled; per version, the bytes each host sent, counted here and by the host."""
 
     def __init__(self, weights: WeightSyncConfig):
-        self.weights, self.versions, self.stop = weights, {}, threading.Event()
+        self.weights, self.versions, self.sent, self.stop = weights, {}, {}, threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -83,17 +80,25 @@ class Puller:
 
     async def _follow(self) -> None:
         sub = Subscriber(self.weights.announce)
-        with Client(self.weights.serve) as client:
-            while not self.stop.is_set():
-                ann = await sub.receive(timeout_s=0.2)
-                if isinstance(ann, WeightAnnounce) and ann.version not in self.versions:
-                    try:
-                        self.versions[ann.version] = b"".join(
-                            check_bucket(b, client.request(WeightPull(version=ann.version, bucket=b.index)),
-                                         ann.version).tobytes() for b in ann.buckets)
-                    except WireTimeout:  # the trainer finished meanwhile
-                        pass
+        while not self.stop.is_set():
+            ann = await sub.receive(timeout_s=0.2)
+            if isinstance(ann, WeightAnnounce) and ann.version not in self.versions:
+                try:
+                    before = [_served(h) for h in ann.hosts]
+                    with Puller(ann, self.weights.serve, timeout_s=60) as pull:
+                        tensors = {info.name: np.array(data).view(np.float32) for info, data in pull}
+                    served = [_served(h) - b for h, b in zip(ann.hosts, before)]
+                except (WireTimeout, RemoteError, WeightTransferError):  # the trainer finished meanwhile
+                    continue
+                shares = [sum(b.nbytes for b in ann.buckets if b.host == h) for h in range(len(ann.hosts))]
+                self.versions[ann.version], self.sent[ann.version] = tensors, (shares, served, ann.total_bytes)
         sub.close()
+
+
+def _served(endpoint: str) -> int:
+    """The bytes a trainer host's bucket server has sent (its own count)."""
+    with Client(WireConfig(endpoint=endpoint, timeout_s=5)) as client:
+        return int(client.request(Ping()).info["bytes_served"])
 
 
 def _losses(run) -> dict[int, float]:
@@ -105,8 +110,8 @@ def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, 
     # rows are per host: the same global batch of 4 rows either way, one row a device
     one, one_path, stop_one = _config(tmp_path, "one", store, tiny_dir, DistributedConfig(), rows=4)
     pod, pod_path, stop_pod = _config(tmp_path, "pod", store, tiny_dir, DistributedConfig(
-        mode="explicit", coordinator=f"127.0.0.1:{_port()}", num_processes=2), rows=2)
-    pullers = [Puller(one.weights), Puller(pod.weights)]
+        mode="explicit", coordinator=f"127.0.0.1:{free_port()}", num_processes=2), rows=2)
+    pullers = [Follower(one.weights), Follower(pod.weights)]
     try:
         single = _train(one_path, devices=4)
         hosts = [_train(pod_path, devices=2, process_id=i) for i in range(2)]
@@ -131,6 +136,11 @@ def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, 
         np.testing.assert_allclose(b[name], a[name], atol=1e-5, err_msg=name)
     common = set(pullers[0].versions) & set(pullers[1].versions)
     assert common, (sorted(pullers[0].versions), sorted(pullers[1].versions))
-    for v in common:  # the same bytes up to float rounding: compare as fp32
-        np.testing.assert_allclose(np.frombuffer(pullers[1].versions[v], np.float32),
-                                   np.frombuffer(pullers[0].versions[v], np.float32), atol=1e-5)
+    for v in common:  # the same tensors up to float rounding
+        single, sharded = pullers[0].versions[v], pullers[1].versions[v]
+        assert single.keys() == sharded.keys()
+        for name in single:
+            np.testing.assert_allclose(sharded[name], single[name], atol=1e-5, err_msg=name)
+        shares, served, total = pullers[1].sent[v]
+        assert len(shares) == 2 and sum(shares) == total
+        assert served == shares and all(0 < share < total for share in shares), (v, shares, served)

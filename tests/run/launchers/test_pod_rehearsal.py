@@ -40,7 +40,7 @@ from dart_jax.train.config import BucketConfig, CheckpointConfig, DistributedCon
 from dart_jax.train.config import OptimizerConfig, TrainerConfig, TrainRunConfig
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import SubmitTrajectory
-from dart_jax.wire.weights import WeightSyncConfig
+from dart_jax.wire.config import WeightSyncConfig
 from tests.net import free_port
 from tests.train import dm_store
 from tests.train.test_multihost import Puller
