@@ -103,15 +103,14 @@ def test_a_restarted_server_is_given_its_start_up_time_before_missed_pings_count
     sup = _supervisor(tmp_path, cfg, {"data-manager": [[None], [None]]}, monkeypatch)
     sup.start({"data-manager"})
     server.stop()
-    now = [1000.0]
-    monkeypatch.setattr(sup_lib.time, "monotonic", lambda: now[0])
     member = sup.members[0]
     sup._launch(member)  # as after a death: starting, not answering yet (imports, the store's recovery)
     for _ in range(2 * sup_lib.MISSES):
-        now[0] += 5.0
+        sup._last_ping = -1e9
         sup.poll()
     assert not member.process.killed and member.misses == 0
-    now[0] += 60.0  # past run.ready_timeout_s without one answer
+    member.started_at -= 61.0  # past run.ready_timeout_s without one answer
+    sup._last_ping = -1e9
     sup.poll()
     assert member.process.killed
 

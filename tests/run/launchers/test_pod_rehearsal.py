@@ -43,7 +43,7 @@ from dart_jax.wire.messages import SubmitTrajectory
 from dart_jax.wire.config import WeightSyncConfig
 from tests.net import free_port
 from tests.train import dm_store
-from tests.train.test_multihost import Puller
+from tests.train.test_multihost import Follower
 from tests.trajectories import text_trajectory
 
 pytestmark = pytest.mark.slow
@@ -124,7 +124,7 @@ def test_two_hosts_install_the_wheel_train_as_one_pod_and_resume_from_the_shared
     hosts = [tmp_path / f"host{i}" / "dart-jax" for i in range(HOSTS)]
     port = free_port()
     envs = [_host_env(i, port) for i in range(HOSTS)]
-    puller = Puller(cfg.weights)
+    follower = Follower(cfg.weights)
     try:
         for host, env in zip(hosts, envs):
             host.mkdir(parents=True)
@@ -153,8 +153,8 @@ def test_two_hosts_install_the_wheel_train_as_one_pod_and_resume_from_the_shared
         for host, env in zip(hosts, envs):
             if (host / remote.LAUNCH).exists():
                 subprocess.run(["bash", remote.LAUNCH, "stop"], cwd=host, env=env, timeout=60)
-        puller.stop.set()
-        puller.thread.join(10)
+        follower.stop.set()
+        follower.thread.join(10)
         stop_dm.set()
 
     assert _committed(run)[-1] == STEPS
@@ -167,4 +167,4 @@ def test_two_hosts_install_the_wheel_train_as_one_pod_and_resume_from_the_shared
     steps = [r["step"] for r in dm_store.records(run) if "loss/total" in r]
     assert steps[0] == 1 and steps[-2:] == [3, 4], steps
     assert (run / "export" / f"step-{STEPS}" / "model.safetensors").is_file()
-    assert len(puller.versions) >= 3  # versions before the kill and after the resume reached the worker
+    assert len(follower.versions) >= 3  # versions before the kill and after the resume reached the worker
