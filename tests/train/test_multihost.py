@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -23,11 +22,9 @@ from dart_jax.config import dump
 from dart_jax.config.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.train.config import BucketConfig, DistributedConfig, MeshConfig, OptimizerConfig, TrainerConfig, TrainRunConfig
-from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
+from dart_jax.wire import WireConfig
 from dart_jax.wire.config import WeightSyncConfig
-from dart_jax.wire.messages import Ping, WeightAnnounce
-from dart_jax.wire.pubsub import Subscriber
-from dart_jax.wire.weights import Puller, WeightTransferError
+from tests.follow import Follower
 from tests.net import free_port
 from tests.train import dm_store
 
@@ -63,42 +60,6 @@ def _train(path, devices: int, process_id: int | None = None) -> subprocess.Pope
         env["DART_PROCESS_ID"] = str(process_id)
     return subprocess.Popen([sys.executable, "-m", "dart_jax.cli", "train", str(path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-class Follower:
-    """A rollout worker's side of weight sync: every announced version pulled from its hosts
-    and reassembled; per version, the bytes each host sent, counted here and by the host."""
-
-    def __init__(self, weights: WeightSyncConfig):
-        self.weights, self.versions, self.sent, self.stop = weights, {}, {}, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        import asyncio
-        asyncio.run(self._follow())
-
-    async def _follow(self) -> None:
-        sub = Subscriber(self.weights.announce)
-        while not self.stop.is_set():
-            ann = await sub.receive(timeout_s=0.2)
-            if isinstance(ann, WeightAnnounce) and ann.version not in self.versions:
-                try:
-                    before = [_served(h) for h in ann.hosts]
-                    with Puller(ann, self.weights.serve, timeout_s=60) as pull:
-                        tensors = {info.name: np.array(data).view(np.float32) for info, data in pull}
-                    served = [_served(h) - b for h, b in zip(ann.hosts, before)]
-                except (WireTimeout, RemoteError, WeightTransferError):  # the trainer finished meanwhile
-                    continue
-                shares = [sum(b.nbytes for b in ann.buckets if b.host == h) for h in range(len(ann.hosts))]
-                self.versions[ann.version], self.sent[ann.version] = tensors, (shares, served, ann.total_bytes)
-        sub.close()
-
-
-def _served(endpoint: str) -> int:
-    """The bytes a trainer host's bucket server has sent (its own count)."""
-    with Client(WireConfig(endpoint=endpoint, timeout_s=5)) as client:
-        return int(client.request(Ping()).info["bytes_served"])
 
 
 def _losses(run) -> dict[int, float]:

@@ -43,7 +43,7 @@ from dart_jax.wire.messages import SubmitTrajectory
 from dart_jax.wire.config import WeightSyncConfig
 from tests.net import free_port
 from tests.train import dm_store
-from tests.train.test_multihost import Follower
+from tests.follow import Follower
 from tests.trajectories import text_trajectory
 
 pytestmark = pytest.mark.slow
