@@ -2,12 +2,14 @@
 under the same generation load.
 
     .venv/bin/python -m benchmarks.weight_sync [--size 0.5b|tiny] [--streams 4] [--load auto|shadow|inplace]
+                                               [--share-memory on|off]
 
 A generated Qwen2.5-VL-shaped policy (about 0.5B parameters, fp32, 2.02 GB). The trainer
 side runs in its own process, as in a deployment: the Flax policy and the weight publisher.
 This process runs a vLLM engine (CPU build) with `--streams` requests generating
 throughout, in the pause mode the configs use (`rollout.engine.pause`), and follows the
-publisher as a rollout worker does. Two versions warm up (the conversions compile, the
+publisher as a rollout worker does, on the trainer's machine as in `configs/local.yaml`:
+through shared memory (`--share-memory off`: over loopback TCP). Two versions warm up (the conversions compile, the
 served window fills), then the measured one:
 
 - `inplace_s`: from the publisher's `publish` call (perturbed weights: convert on the
@@ -22,7 +24,8 @@ served window fills), then the measured one:
 Per-stage seconds: the publisher's (lay out and announce, convert on the device, copy to
 host memory, checksum), the worker's (announcement to pulled and loaded), and each stage
 alone on the trainer side with nothing else running (`stages`: device conversion into
-reused buffers, host copy, checksum, a loopback pull with reassembly), in GB/s.
+reused buffers, host copy, checksum, the pull with reassembly through shared memory and
+over loopback TCP), in GB/s.
 
 The last line printed is JSON with the figures and the machine.
 """
@@ -49,7 +52,7 @@ SIZES = {  # TinySpec overrides
 WARMUP_VERSIONS = 2
 
 
-def trainer_process(hf_dir: str, conn) -> None:
+def trainer_process(hf_dir: str, share_memory: bool, conn) -> None:
     """The trainer side: the Flax policy and its publisher, driven by commands on `conn`."""
     import jax
     from flax import nnx
@@ -65,7 +68,8 @@ def trainer_process(hf_dir: str, conn) -> None:
     loopback = WireConfig(endpoint="tcp://127.0.0.1:0", timeout_s=120)
     # one version served at a time: this machine's 24 GB hold the trainer, the engine and its
     # shadow copy of 2 GB each beside other work (the default window of 2 costs 2 GB more)
-    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback, keep_versions=1), model.config)
+    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback, keep_versions=1,
+                                                 share_memory=share_memory), model.config)
     conn.send((publisher.pub.endpoint, publisher.server.endpoint))
     while (cmd := conn.recv()) != "stop":
         params = jax.block_until_ready(jax.tree.map(lambda x: x * 1.01, params))
@@ -73,8 +77,9 @@ def trainer_process(hf_dir: str, conn) -> None:
         if cmd == "publish":
             version = publisher.publish(params)
             conn.send({"start": start, "version": version, **publisher.stages})
-        elif cmd == "pull":  # the wire and the reassembly alone, on loopback
-            conn.send(pull_alone(publisher))
+        elif cmd == "pull":  # the pull and the reassembly alone, through shared memory and over loopback
+            conn.send({f"pull_and_reassemble_{way}": pull_alone(publisher, way == "shared")
+                       for way in (["shared"] if publisher.regions is not None else []) + ["wire"]})
         else:  # ("export", out_dir)
             out = hf_io.export(params, model.config, cmd[1], src_dir=hf_dir)
             conn.send({"start": start, "export_s": time.time() - start, "dir": str(out)})
@@ -109,13 +114,13 @@ def alone(params, config) -> dict:
             for name, s in [("convert", convert_s), ("host_copy", host_s), ("checksum", checksum_s)]}
 
 
-def pull_alone(publisher) -> dict:
+def pull_alone(publisher, shared: bool) -> dict:
     from dart_jax.wire import WireConfig
     from dart_jax.wire.weights import Puller
 
     ann = next(reversed(publisher._versions.values())).announce
     start = time.perf_counter()
-    with Puller(ann, WireConfig(endpoint=ann.hosts[0], timeout_s=120), timeout_s=600) as pulled:
+    with Puller(ann, WireConfig(endpoint=ann.hosts[0], timeout_s=120), timeout_s=600, shared=shared) as pulled:
         nbytes = sum(data.nbytes for _, data in pulled)
     s = time.perf_counter() - start
     return {"s": round(s, 3), "gb_per_s": round(nbytes / s / 1e9, 2)}
@@ -223,7 +228,7 @@ async def measure(args, hf_dir: Path, conn) -> dict:
     result["disk_restart_s"] = result["export_s"] + result["restart_s"]
     engine.shutdown()
     conn.send("pull")
-    result["stages"] = stages_alone | {"pull_and_reassemble": await asyncio.to_thread(conn.recv)}
+    result["stages"] = stages_alone | await asyncio.to_thread(conn.recv)
     return result
 
 
@@ -232,6 +237,8 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="0.5b")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--load", choices=["auto", "shadow", "inplace"], default="auto")
+    ap.add_argument("--share-memory", choices=["on", "off"], default="on",
+                    help="the trainer serves this machine's worker through /dev/shm (configs/local.yaml: on)")
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
@@ -241,7 +248,7 @@ def main() -> None:
     hf_dir = make_tiny_hf_dir(Path(args.work) / "policy", **SIZES[args.size])
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    trainer = ctx.Process(target=trainer_process, args=(str(hf_dir), child), daemon=True)
+    trainer = ctx.Process(target=trainer_process, args=(str(hf_dir), args.share_memory == "on", child), daemon=True)
     trainer.start()
     try:
         result = asyncio.run(measure(args, hf_dir, conn))
@@ -250,7 +257,8 @@ def main() -> None:
         trainer.join(60)
     result = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
     result["restart_over_inplace"] = round(result["disk_restart_s"] / result["inplace_s"], 1)
-    print(json.dumps({"benchmark": "weight_sync", "size": args.size, "streams": args.streams, **result,
+    print(json.dumps({"benchmark": "weight_sync", "size": args.size, "streams": args.streams,
+                      "share_memory": args.share_memory == "on", **result,
                       "machine": machine()}))
 
 

@@ -11,9 +11,9 @@ The one file that reaches into vLLM's internals. Driven by `rollout_gpu.engine` 
     dart_abort_update()                        stop a pull (its threads end) or drop a pulled version
 
 The pull runs beside the engine, which keeps generating: `wire.weights.Puller` fetches
-every trainer host's buckets at once, checks each before a byte of it is read and
-reassembles the tensors (buffers of cut tensors reused across versions), within
-`timeout_s`. Two ways to load, by `mode`:
+every trainer host's buckets at once (through shared memory from a host on this machine
+that offers it), checks each before a byte of it is read and reassembles the tensors
+(buffers and mapped regions kept across versions), within `timeout_s`. Two ways to load, by `mode`:
 
 - `shadow` (the CPU default): the checked tensors go through vLLM's own loader
   (`model.load_weights`, so vLLM fuses qkv / gate_up and slices for tensor parallelism)
@@ -223,8 +223,10 @@ class WeightSyncExtension:
                    timeout_s: float, depth: int) -> None:
         _unpin_this_thread()
         buffers = self.__dict__.setdefault("_dart_buffers", {})
+        regions = self.__dict__.setdefault("_dart_regions", {})
         try:
-            with Puller(ann, wire, timeout_s=timeout_s, depth=depth, buffers=buffers, cancel=job["cancel"]) as pull:
+            with Puller(ann, wire, timeout_s=timeout_s, depth=depth, buffers=buffers, regions=regions,
+                        cancel=job["cancel"]) as pull:
                 tensors = _stamped(as_tensors(iter(pull)), job)
                 if mode == "shadow":
                     result = load_shadow(self.model_runner.get_model(), tensors, self.vllm_config.model_config,

@@ -15,6 +15,11 @@ convert. Each bucket reply carries an xxh3-64 checksum of its pieces. Buffers ar
 the version that leaves the served window donates its device arrays to the next
 conversion (on CPU those are the served host bytes themselves).
 
+With `share_memory`, a host keeps the bytes it serves in shared-memory regions (one per
+slot of the served window, `dart_jax.wire.shm`), and a worker on its machine that asks
+for it is answered where a bucket lies instead of its bytes: its pull costs a copy per
+byte, not a trip through the network stack. Workers elsewhere are sent bytes as before.
+
 Versions only grow, across restarts too: `state_file` records the last one published, and
 a resumed trainer publishes its restored weights under a new number (workers may hold a
 version published after the checkpoint it resumed from). The newest `keep_versions`
@@ -43,8 +48,9 @@ from dart_jax.models.convert import ParamSpec, hf_device_shapes, specs_for, to_h
 from dart_jax.wire import Server
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import (Error, Message, PieceInfo, TensorInfo, WeightAnnounce, WeightBucket,
-                                    WeightBucketInfo, WeightLatest, WeightPull)
+                                    WeightBucketInfo, WeightBucketShared, WeightLatest, WeightPull)
 from dart_jax.wire.pubsub import Publisher
+from dart_jax.wire.shm import Region, RegionDir, available
 from dart_jax.wire.weights import ITEMSIZE, checksum, pack_buckets, split_block
 
 log = logging.getLogger(__name__)
@@ -115,6 +121,7 @@ class Bucket:
     frames: list[np.ndarray]
     ready: threading.Event
     checksum: int = 0
+    offset: int = 0  # where its pieces start in the version's region, when it has one
 
 
 @dataclasses.dataclass
@@ -122,6 +129,8 @@ class Served:
     announce: WeightAnnounce
     buckets: dict[int, Bucket]
     arrays: dict[tuple, jax.Array]  # the converted parameters, donated to a later version's conversion
+    slot: int  # its place in the served window (and its shared-memory region's)
+    region: Region | None = None
 
 
 class WeightPublisher:
@@ -137,7 +146,14 @@ class WeightPublisher:
         self._changed = threading.Condition()
         self._layouts: dict[tuple, Layout] = {}
         self._stop = threading.Event()
-        self.bytes_served = 0
+        self.bytes_served = 0  # sent over the wire
+        self.bytes_shared = 0  # taken through shared memory
+        self.regions = None
+        if cfg.share_memory:
+            if available():
+                self.regions = RegionDir()
+            else:
+                log.warning("weights.share_memory: this machine has no /dev/shm; workers are sent bytes")
         self.stages: dict[str, float] = {}  # the last publish's seconds by stage
         self.server = Server(cfg.host_serve(self.process), self.handle, role="weights", workers=cfg.serve_threads,
                              io_threads=cfg.io_threads, info=self.info).start()
@@ -162,8 +178,10 @@ class WeightPublisher:
         layout = self._layout(params)
         ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
                              total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
-        reuse = self._retire()
-        served = Served(ann, {i: Bucket([], threading.Event()) for i in layout.local}, {})
+        reuse, slot = self._retire()
+        region = None if self.regions is None else self.regions.slot(
+            slot, sum(b.nbytes for b in layout.buckets if b.host == self.process))
+        served = Served(ann, {i: Bucket([], threading.Event()) for i in layout.local}, {}, slot, region)
         with self._changed:
             self._versions[version] = served
             self._changed.notify_all()
@@ -182,13 +200,15 @@ class WeightPublisher:
                  ann.total_bytes / 1e6, local / 1e6, end - start)
         return version
 
-    def _retire(self) -> dict[tuple, jax.Array] | None:
-        """Stop serving the versions beyond the window; the last one's arrays, to reuse."""
+    def _retire(self) -> tuple[dict[tuple, jax.Array] | None, int]:
+        """Stop serving the versions beyond the window; the last one's arrays, to reuse, and
+        the slot the next version takes (a retired one's: its region is reused)."""
         reuse = None
         with self._changed:
             while len(self._versions) >= self.cfg.keep_versions:
                 reuse = self._versions.popitem(last=False)[1].arrays
-        return reuse
+            used = {served.slot for served in self._versions.values()}
+        return reuse, min(set(range(self.cfg.keep_versions)) - used)
 
     def _layout(self, params) -> Layout:
         shapes = hf_device_shapes(params, self.model_config, self.cfg.dtype)
@@ -201,9 +221,10 @@ class WeightPublisher:
 
     def _fill(self, served: Served, converting, layout: Layout) -> dict[str, float]:
         """Convert parameters in order, LOOKAHEAD ahead of the bucket being filled; copy this
-        host's blocks to host memory and into its buckets, each served the moment its last
-        piece is in. Every parameter is converted, served here or not (the program is the
-        same on every host). Returns seconds by stage."""
+        host's blocks to host memory and into its buckets (side by side in the version's
+        region, when it has one), each served the moment its last piece is in. Every
+        parameter is converted, served here or not (the program is the same on every host).
+        Returns seconds by stage."""
         owned: dict[int, set] = {}
         for pieces in layout.local.values():
             for p in pieces:
@@ -221,15 +242,21 @@ class WeightPublisher:
                 arrays.append(x)
             times["convert_s"] += time.perf_counter() - start
 
+        at = 0  # in the region
         for index in sorted(layout.local):  # numbered in tensor order
             bucket = served.buckets[index]
+            bucket.offset = at
             for p in layout.local[index]:
                 convert_through(p.param)
+                start = time.perf_counter()
                 if (p.param, p.device) not in hosted:
-                    start = time.perf_counter()
                     hosted[p.param, p.device] = np.asarray(_shard(arrays[p.param], p.device)).reshape(-1).view(np.uint8)
-                    times["host_copy_s"] += time.perf_counter() - start
-                bucket.frames.append(hosted[p.param, p.device][p.offset:p.offset + p.nbytes])
+                frame = hosted[p.param, p.device][p.offset:p.offset + p.nbytes]
+                if served.region is not None:
+                    frame = _put(served.region.data[at:at + p.nbytes], frame)
+                    at += p.nbytes
+                bucket.frames.append(frame)
+                times["host_copy_s"] += time.perf_counter() - start
             start = time.perf_counter()
             bucket.checksum = checksum(bucket.frames)
             times["checksum_s"] += time.perf_counter() - start
@@ -260,8 +287,14 @@ class WeightPublisher:
                                                    f"here (host {self.process}; the version has {n} buckets)")
         if not bucket.ready.wait(self.cfg.serve.timeout_s):
             return Error(code="unavailable", message=f"version {msg.version} bucket {msg.bucket} is not filled yet")
+        nbytes = sum(f.nbytes for f in bucket.frames)
+        if msg.shared and served.region is not None:
+            with self._changed:
+                self.bytes_shared += nbytes
+            return WeightBucketShared(version=msg.version, bucket=msg.bucket, checksum=bucket.checksum,
+                                      region=served.region.path, token=served.region.token, offset=bucket.offset)
         with self._changed:
-            self.bytes_served += sum(f.nbytes for f in bucket.frames)
+            self.bytes_served += nbytes
         return WeightBucket(version=msg.version, bucket=msg.bucket, checksum=bucket.checksum, pieces=bucket.frames)
 
     def _served(self, version: int) -> Served | None:
@@ -275,7 +308,8 @@ class WeightPublisher:
             return self._versions.get(version)
 
     def info(self) -> dict:
-        return {"process": self.process, "version": self.version, "bytes_served": self.bytes_served}
+        return {"process": self.process, "version": self.version, "bytes_served": self.bytes_served,
+                "bytes_shared": self.bytes_shared}
 
     def _reannounce(self) -> None:
         while not self._stop.wait(self.cfg.reannounce_s):
@@ -289,6 +323,13 @@ class WeightPublisher:
             self._repeater.join()
             self.pub.close()
         self.server.stop()
+        if self.regions is not None:
+            self.regions.close()
+
+
+def _put(out: np.ndarray, frame: np.ndarray) -> np.ndarray:
+    out[:] = frame
+    return out
 
 
 def _shard(x: jax.Array, device: jax.Device) -> jax.Array:

@@ -51,6 +51,12 @@ def check_endpoint(endpoint: str, allow_remote: bool) -> None:
                          "(and curve keys) to expose it")
 
 
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """Whether a tcp endpoint's host is a loopback address (this machine)."""
+    scheme, _, _ = endpoint.partition("://")
+    return scheme == "tcp" and _is_loopback(urlsplit(endpoint).hostname or "")
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -75,7 +81,10 @@ class WeightSyncConfig:
     hosts bound to 0.0.0.0), else at the endpoint it bound. `dtype` is what travels
     and what the engine loads: the rollout engine's dtype (the run config checks).
     No message exceeds `serve.max_message_bytes`, whatever the tensor: a block larger
-    than a bucket is cut into rows across buckets and reassembled by the worker."""
+    than a bucket is cut into rows across buckets and reassembled by the worker.
+    `share_memory`: each host also keeps what it serves in /dev/shm, and a worker on its
+    machine (an ipc or loopback endpoint) copies buckets from there instead of receiving
+    them (the local configs, where the trainer and the engines share one machine)."""
     announce: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5560")
     serve: WireConfig = WireConfig(endpoint="tcp://127.0.0.1:5561")
     advertise: str = ""
@@ -87,6 +96,7 @@ class WeightSyncConfig:
     serve_threads: int = bounded(8, ge=1)  # bucket requests answered at once, per trainer host
     io_threads: int = bounded(2, ge=1)  # ZeroMQ threads writing buckets to sockets, per host
     pull_depth: int = bounded(4, ge=1)  # bucket requests a worker keeps in flight per host
+    share_memory: bool = False  # serve workers on this machine through /dev/shm (dart_jax.wire.shm)
 
     def __post_init__(self) -> None:
         if self.dtype not in WEIGHT_DTYPES:

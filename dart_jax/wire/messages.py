@@ -13,7 +13,8 @@ from typing import Annotated, Literal, Union
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 3  # 3: weight versions travel as pieces of tensors, served by every trainer host
+PROTOCOL_VERSION = 4  # 3: weight versions travel as pieces of tensors, served by every trainer host;
+                      # 4: a worker on a trainer host's machine takes buckets through shared memory
 
 ErrorCode = Literal["bad_request", "unknown_message", "too_large", "version", "timeout",
                     "internal", "not_found", "unavailable", "conflict"]
@@ -295,7 +296,9 @@ class Exported(Msg):
 # (WeightPull -> WeightBucket); process 0 announces the version on a PUB socket
 # (WeightAnnounce: every tensor, and every bucket's host and pieces). A bucket reply carries
 # its pieces as raw frames and an xxh3-64 checksum of their bytes; the worker reassembles
-# each tensor from its pieces. See dart_jax.wire.weights.
+# each tensor from its pieces. A worker on the same machine as a host asks `shared` and may be
+# answered WeightBucketShared: where the bucket lies in a shared-memory region of that host
+# (dart_jax.wire.shm). See dart_jax.wire.weights.
 
 WeightDtype = Literal["float32", "bfloat16", "float16"]
 Endpoint = Annotated[str, msgspec.Meta(max_length=256, pattern=r"^(?:tcp|ipc)://[^\x00-\x20\x7f]+\Z")]
@@ -340,6 +343,7 @@ class WeightLatest(Msg):
 class WeightPull(Msg):
     version: Natural
     bucket: Natural
+    shared: bool = False  # the asker can map this host's shared-memory regions (it runs on its machine)
 
 
 class WeightBucket(Msg):
@@ -347,6 +351,22 @@ class WeightBucket(Msg):
     bucket: Natural
     checksum: Checksum  # xxh3-64 of the pieces' bytes, in order
     pieces: list[np.ndarray]  # uint8, one per PieceInfo of the bucket
+
+
+REGION_DIR = r"dart-jax-(\d{1,10})-[0-9a-f]{16}"  # /dev/shm/<this>/slot-<n>: dart_jax.wire.shm
+RegionPath = Annotated[str, msgspec.Meta(max_length=256, pattern=rf"^/dev/shm/{REGION_DIR}/slot-\d{{1,6}}\Z")]
+RegionToken = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}\Z")]
+
+
+class WeightBucketShared(Msg):
+    """A bucket's pieces, side by side at `offset` in the host's shared-memory region `region`
+    (whose header holds `token`), instead of its bytes."""
+    version: Natural
+    bucket: Natural
+    checksum: Checksum
+    region: RegionPath
+    token: RegionToken
+    offset: Natural
 
 
 # ---- rollout worker <-> env server --------------------------------------------------------
@@ -470,7 +490,7 @@ class EnvStats(Msg):
 
 Message = Union[Error, Ping, Pong, TaskSpec, Step, Trajectory, TaskRequest, TaskAssignment,
                 WorkerHeartbeat, WorkerAck, TensorInfo, WeightBucketInfo, WeightAnnounce,
-                WeightLatest, WeightPull, WeightBucket, NoTask, SubmitTrajectory, TrajectoryAck,
+                WeightLatest, WeightPull, WeightBucket, WeightBucketShared, NoTask, SubmitTrajectory, TrajectoryAck,
                 BatchRequest, TrainerHeartbeat, TrainerStatusRequest, TrainerStatus, CuratedBatch, NoBatch, ScreenshotRef, ScreenshotRequest, Screenshots,
                 TaskStats, StatsRequest, DataStats, PoolImport, PoolImported, ExportTrajectories,
                 Exported,

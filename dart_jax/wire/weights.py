@@ -31,14 +31,17 @@ import xxhash
 import zmq
 
 from dart_jax.wire.codec import MAX_FRAMES
-from dart_jax.wire.config import WireConfig, check_endpoint
-from dart_jax.wire.messages import PieceInfo, TensorInfo, WeightAnnounce, WeightBucket, WeightBucketInfo, WeightPull
+from dart_jax.wire.config import WireConfig, check_endpoint, is_loopback_endpoint
+from dart_jax.wire.messages import (PieceInfo, TensorInfo, WeightAnnounce, WeightBucket, WeightBucketInfo,
+                                    WeightBucketShared, WeightPull)
+from dart_jax.wire.shm import Region, RegionError
 from dart_jax.wire.transport import Cancelled, Client, WireTimeout
 
 log = logging.getLogger(__name__)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_PIECES_PER_TENSOR = 4096  # the exact-cover check is quadratic in them
 HEADER_BYTES = 2**20  # room left in a message for the header beside a bucket's bytes
+MAX_REGIONS = 16  # shared-memory regions a worker keeps mapped (a host serves keep_versions of them)
 
 
 def canonical_hf_name(name: str) -> str:
@@ -195,38 +198,68 @@ def check_bucket(info: WeightBucketInfo, reply: WeightBucket, ann: WeightAnnounc
     return reply.pieces
 
 
+def copy_shared(info: WeightBucketInfo, reply: WeightBucketShared, region: Region, staging: np.ndarray,
+                ann: WeightAnnounce) -> list[np.ndarray]:
+    """The bucket's pieces, copied out of the host's region into `staging` and checked there:
+    the bytes returned are the ones checked, whatever the region holds afterwards."""
+    if reply.version != ann.version or reply.bucket != info.index:
+        raise WeightTransferError(f"asked for version {ann.version} bucket {info.index}, "
+                                  f"got version {reply.version} bucket {reply.bucket}")
+    if reply.offset + info.nbytes > region.size:
+        raise WeightTransferError(f"version {ann.version} bucket {info.index}: {info.nbytes} bytes at "
+                                  f"{reply.offset} lie outside its region ({region.size} bytes)")
+    out = staging[:info.nbytes]
+    out[:] = region.data[reply.offset:reply.offset + info.nbytes]
+    if checksum([out]) != reply.checksum:
+        raise WeightTransferError(f"version {ann.version} bucket {info.index}: checksum mismatch "
+                                  "(a corrupt bucket, or its region reused by a later version)")
+    sizes = np.cumsum([0] + [piece_bytes(p, ann.tensors) for p in info.pieces])
+    return [out[a:b] for a, b in zip(sizes[:-1], sizes[1:])]
+
+
 # ---- reassembly -----------------------------------------------------------------------
 
 class Assembler:
-    """Tensors of one version from its pieces, each returned once complete. `buffers`
-    (name -> uint8 array) holds the buffers of cut tensors across versions: memory
-    touched once is reused instead of being faulted in again on every version."""
+    """Tensors of one version from its pieces, each returned once complete; lanes add buckets
+    from several threads at once. A tensor that arrives as one received frame is a view of
+    it; a cut tensor, or one whose bytes the caller will reuse (`copy`), is copied into a
+    buffer of its own. `buffers` (name -> uint8 array) holds those buffers across versions:
+    memory touched once is reused instead of being faulted in again on every version."""
 
     def __init__(self, ann: WeightAnnounce, buffers: dict[str, np.ndarray] | None = None):
         self.tensors = ann.tensors
         self.left = [math.prod(t.shape) for t in ann.tensors]
         self.buffers = {} if buffers is None else buffers
+        self._lock = threading.Lock()
 
-    def add(self, info: WeightBucketInfo, frames: Sequence[np.ndarray]) -> list[tuple[TensorInfo, np.ndarray]]:
+    def add(self, info: WeightBucketInfo, frames: Sequence[np.ndarray], copy: bool = False
+            ) -> list[tuple[TensorInfo, np.ndarray]]:
         done = []
         for p, frame in zip(info.pieces, frames):
             t = self.tensors[p.tensor]
-            if list(p.shape) == list(t.shape):
+            whole = list(p.shape) == list(t.shape)
+            if whole and not copy:
                 done.append((t, frame))
             else:
                 self._place(t, p, frame)
-            self.left[p.tensor] -= math.prod(p.shape)
-            if self.left[p.tensor] == 0 and list(p.shape) != list(t.shape):
+            with self._lock:
+                self.left[p.tensor] -= math.prod(p.shape)
+                complete = self.left[p.tensor] == 0
+            if complete and (copy or not whole):
                 done.append((t, self.buffers[t.name]))
         return done
 
+    def _buffer(self, t: TensorInfo) -> np.ndarray:
+        nbytes = math.prod(t.shape) * ITEMSIZE[t.dtype]
+        with self._lock:
+            buf = self.buffers.get(t.name)
+            if buf is None or buf.nbytes != nbytes:
+                buf = self.buffers[t.name] = np.empty(nbytes, np.uint8)
+            return buf
+
     def _place(self, t: TensorInfo, p: PieceInfo, frame: np.ndarray) -> None:
         size = ITEMSIZE[t.dtype]
-        nbytes = math.prod(t.shape) * size
-        buf = self.buffers.get(t.name)
-        if buf is None or buf.nbytes != nbytes:
-            buf = self.buffers[t.name] = np.empty(nbytes, np.uint8)
-        rows = buf.reshape(*t.shape[:-1], t.shape[-1] * size)
+        rows = self._buffer(t).reshape(*t.shape[:-1], t.shape[-1] * size)
         index = tuple(slice(s, s + n) for s, n in zip(p.start[:-1], p.shape[:-1]))
         index += (slice(p.start[-1] * size, (p.start[-1] + p.shape[-1]) * size),)
         rows[index] = frame.reshape(*p.shape[:-1], p.shape[-1] * size)
@@ -240,18 +273,30 @@ class Assembler:
 _DONE = object()
 
 
+def same_machine(endpoint: str) -> bool:
+    """Whether an endpoint is on this machine by its address alone (ipc, or tcp loopback)."""
+    return endpoint.startswith("ipc://") or endpoint.startswith("inproc://") or is_loopback_endpoint(endpoint)
+
+
 class Puller:
     """One version from its hosts: `depth` bucket requests in flight per host, each bucket
     checked, the whole pull bounded by `timeout_s`, stoppable from any thread (`stop`, or
     setting `cancel`: its threads end within a poll interval). Iterating yields (tensor, uint8 bytes) as
     tensors complete; anything wrong raises WeightTransferError, WireTimeout or RemoteError.
 
+    A host on this machine (ipc, loopback) is asked for its buckets through shared memory
+    (unless `shared` is off);
+    a lane maps its region once (`regions`, kept across versions by the caller), copies each
+    bucket into a buffer of its own, checks it there and places its pieces. A host that
+    answers with bytes, or whose region cannot be used here, is pulled over the wire.
+
         with Puller(ann, cfg.serve, timeout_s=cfg.pull_timeout_s) as pull:
             for info, data in pull: ...
     """
 
     def __init__(self, ann: WeightAnnounce, wire: WireConfig, *, timeout_s: float, depth: int = 4,
-                 buffers: dict[str, np.ndarray] | None = None, cancel: threading.Event | None = None):
+                 buffers: dict[str, np.ndarray] | None = None, regions: dict[str, Region] | None = None,
+                 shared: bool = True, cancel: threading.Event | None = None):
         check_announce(ann, wire.max_message_bytes)
         for endpoint in ann.hosts:  # an announcement may not send a worker anywhere its config forbids
             check_endpoint(endpoint, wire.allow_remote)
@@ -259,11 +304,13 @@ class Puller:
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.assembler = Assembler(ann, buffers)
+        self.regions = {} if regions is None else regions
+        self.shared = [shared and same_machine(endpoint) for endpoint in ann.hosts]  # cleared for a host whose region fails
         self.cancel = threading.Event() if cancel is None else cancel
         self._items: queue.Queue = queue.Queue(maxsize=2 * depth * len(ann.hosts))
         self._ctx = zmq.Context(io_threads=min(len(ann.hosts), 8))  # one socket writer per host, up to 8
         self._todo = [iter([b for b in ann.buckets if b.host == h]) for h in range(len(ann.hosts))]
-        self._lock = threading.Lock()  # the lanes' next bucket
+        self._lock = threading.Lock()  # the lanes' next bucket, the regions
         self._stopping = threading.Lock()  # one thread at a time closes the context
         self._lanes = [threading.Thread(target=self._lane, args=(h,), name=f"pull-v{ann.version}-h{h}", daemon=True)
                        for h in range(len(ann.hosts)) for _ in range(depth)]
@@ -286,7 +333,7 @@ class Puller:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    yield from self.assembler.add(*item)
+                    yield from item
         finally:
             self.stop()
         if missing := self.assembler.missing():
@@ -304,28 +351,55 @@ class Puller:
 
     def _lane(self, host: int) -> None:
         wire = dataclasses.replace(self.wire, endpoint=self.ann.hosts[host])
+        staging = np.empty(0, np.uint8)  # this lane's copy of a shared bucket, reused
         try:
             with Client(wire, ctx=self._ctx) as client:
                 while (info := self._next(host)) is not None:
-                    left = self.deadline - time.monotonic()
-                    try:
-                        if left <= 0:
-                            raise WireTimeout("no time left")
-                        reply = client.request(WeightPull(version=self.ann.version, bucket=info.index),
-                                               min(wire.timeout_s, left), cancel=self.cancel)
-                    except WireTimeout:
-                        if time.monotonic() < self.deadline:
-                            raise  # the host did not answer within serve.timeout_s
-                        raise WeightTransferError(f"version {self.ann.version}: not pulled within the pull "
-                                                  f"timeout ({self.timeout_s:g} s)") from None
+                    reply = self._request(client, info, self.shared[host])
+                    if isinstance(reply, WeightBucketShared):
+                        try:
+                            region = self._region(reply)
+                        except RegionError as e:
+                            log.warning("host %d: weights over the wire instead of shared memory: %s", host, e)
+                            self.shared[host] = False
+                            reply = self._request(client, info, False)
+                        else:
+                            if staging.nbytes < info.nbytes:
+                                staging = np.empty(info.nbytes, np.uint8)
+                            frames = copy_shared(info, reply, region, staging, self.ann)
+                            self._put(self.assembler.add(info, frames, copy=True))
+                            continue
                     if not isinstance(reply, WeightBucket):
                         raise WeightTransferError(f"a WeightPull answered with {type(reply).__name__}")
-                    self._put((info, check_bucket(info, reply, self.ann)))
+                    self._put(self.assembler.add(info, check_bucket(info, reply, self.ann)))
         except Cancelled:
             return
         except Exception as e:  # handed to the consumer, which stops every lane
             self._put(e)
         self._put(_DONE)
+
+    def _request(self, client: Client, info: WeightBucketInfo, shared: bool):
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise WireTimeout("no time left")
+            return client.request(WeightPull(version=self.ann.version, bucket=info.index, shared=shared),
+                                  min(client.cfg.timeout_s, left), cancel=self.cancel)
+        except WireTimeout:
+            if time.monotonic() < self.deadline:
+                raise  # the host did not answer within serve.timeout_s
+            raise WeightTransferError(f"version {self.ann.version}: not pulled within the pull "
+                                      f"timeout ({self.timeout_s:g} s)") from None
+
+    def _region(self, reply: WeightBucketShared) -> Region:
+        with self._lock:
+            region = self.regions.get(reply.token)
+            if region is None:
+                region = Region.open(reply.region, reply.token)
+                for token in list(self.regions)[:max(0, len(self.regions) - MAX_REGIONS + 1)]:
+                    self.regions.pop(token).close()
+                self.regions[reply.token] = region
+            return region
 
     def _next(self, host: int) -> WeightBucketInfo | None:
         with self._lock:

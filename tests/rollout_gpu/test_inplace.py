@@ -1,4 +1,5 @@
-"""Weight updates on a real vLLM engine (CPU build) from a real weight publisher: `inplace`
+"""Weight updates on a real vLLM engine (CPU build) from a real weight publisher on the same
+machine, through shared memory (tests/rollout_gpu/test_worker.py pulls over the wire): `inplace`
 (vLLM's own reload_weights at the pause) and `shadow` both serve the new weights exactly
 afterwards; in `keep` mode every response an update cuts across is marked and every other
 one matches its version exactly; an incomplete version is refused; a pull past its timeout
@@ -65,7 +66,8 @@ def system(tmp_path_factory):
     model, _ = hf_io.load_model(hf_dir)
     graphdef, params = nnx.split(model)
     loopback = WireConfig(endpoint="tcp://127.0.0.1:0", timeout_s=10)
-    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback, bucket_mb=1), model.config)
+    publisher = WeightPublisher(WeightSyncConfig(announce=loopback, serve=loopback, bucket_mb=1, share_memory=True),
+                                model.config)
     weights = WeightSyncConfig(announce=WireConfig(endpoint=publisher.pub.endpoint),
                                serve=WireConfig(endpoint=publisher.server.endpoint, timeout_s=10), pull_timeout_s=60)
     builder = PromptBuilder.from_pretrained(hf_dir)
@@ -121,9 +123,11 @@ def test_an_update_serves_the_new_weights_exactly(system, load):
     new = perturbed(old, len(system.versions))
     system.engine.load_mode = load
     ann = system.publish(new)
+    sent, shared = system.publisher.bytes_served, system.publisher.bytes_shared
     event = system.run(system.engine.update(ann, system.weights))
     assert event.ok, event.error
     assert system.engine.version == ann.version
+    assert (system.publisher.bytes_served, system.publisher.bytes_shared) == (sent, shared + ann.total_bytes)
     for prompt in system.prompts[:3]:
         sample = system.run(system.engine.sample(prompt))
         assert sample.policy_version == ann.version and not sample.straddles_update

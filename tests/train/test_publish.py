@@ -1,8 +1,11 @@
 """The weight publisher on a sharded mesh (8 CPU devices): what a worker pulls is what the
 export writes, in the engine's dtype; the conversion moves nothing between devices; the
 version is announced before its buckets are filled; the served window reuses its
-buffers; and tensors of Qwen2.5-VL-7B's embedding shape travel under the default message
-limit."""
+buffers; a worker on the trainer's machine takes the buckets through shared memory, checked
+on its own copy, and over the wire when it cannot map them; and tensors of Qwen2.5-VL-7B's
+embedding shape travel under the default message limit."""
+
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +17,8 @@ from dart_jax.models.sharding import make_mesh
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.wire import WireConfig
 from dart_jax.wire.config import WeightSyncConfig
-from dart_jax.wire.weights import Puller
+from dart_jax.wire.shm import available
+from dart_jax.wire.weights import Puller, WeightTransferError
 
 LOOPBACK = WireConfig(endpoint="tcp://127.0.0.1:0")
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
@@ -98,6 +102,54 @@ def test_the_version_is_announced_before_its_buckets_fill_and_the_window_reuses_
     assert reused == pointers  # the third version converted into the first one's buffers
     want = dict(convert.hf_tensors(jax.tree.map(lambda x: x * 2, params), config, "float32"))
     assert all(got[n][1].tobytes() == np.ascontiguousarray(x).tobytes() for n, x in want.items())
+
+
+def _exact(got: dict, params, config, dtype: str) -> bool:
+    want = dict(convert.hf_tensors(params, config, dtype))
+    return sorted(got) == sorted(want) and all(got[n][1].tobytes() == np.ascontiguousarray(x).tobytes()
+                                               for n, x in want.items())
+
+
+@pytest.mark.skipif(not available(), reason="no /dev/shm")
+def test_a_worker_on_the_trainers_machine_takes_the_buckets_through_shared_memory(sharded):
+    config, params = sharded
+    doubled = jax.tree.map(lambda x: x * 2, params)
+    publisher = _publisher(config, dtype="bfloat16", bucket_mb=1, keep_versions=2, share_memory=True)
+    regions, buffers = {}, {}
+    try:
+        first = publisher.publish(params)
+        assert _exact(pull(publisher, first, regions=regions, buffers=buffers), params, config, "bfloat16")
+        mapped = dict(regions)
+        second = publisher.publish(doubled)
+        assert _exact(pull(publisher, second, regions=regions, buffers=buffers), doubled, config, "bfloat16")
+        third = publisher.publish(params)  # takes the first version's slot and region
+        assert _exact(pull(publisher, third, regions=regions, buffers=buffers), params, config, "bfloat16")
+        slots = {v: (s.slot, s.region.token) for v, s in publisher._versions.items()}
+        host_bytes = publisher.stages["host_bytes"]
+    finally:
+        publisher.close()
+    assert len(mapped) == 1 and len(regions) == 2 and set(mapped) <= set(regions)  # mapped once, kept
+    assert slots[third] == (0, next(iter(mapped)))
+    assert publisher.bytes_served == 0 and publisher.bytes_shared == 3 * host_bytes  # no byte over the wire
+    assert not publisher.regions.path.exists()  # closed: its directory is gone
+
+
+@pytest.mark.skipif(not available(), reason="no /dev/shm")
+def test_a_shared_bucket_is_checked_on_the_workers_copy_and_an_unmappable_region_falls_back_to_the_wire(sharded):
+    config, params = sharded
+    publisher = _publisher(config, share_memory=True)
+    try:
+        version = publisher.publish(params)
+        region = publisher._versions[version].region
+        region.data[12345] ^= 0x20  # a later version writing over it, or corruption
+        with pytest.raises(WeightTransferError, match="checksum mismatch"):
+            pull(publisher, version)
+        region.data[12345] ^= 0x20
+        os.unlink(region.path)  # as a worker in another /dev/shm (a container) sees it
+        assert _exact(pull(publisher, version), params, config, "float32")
+        assert publisher.bytes_served == publisher.stages["host_bytes"]
+    finally:
+        publisher.close()
 
 
 @pytest.mark.slow
