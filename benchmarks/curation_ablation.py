@@ -3,7 +3,7 @@ piece added in turn, with the same seeds and the same RL budget per configuratio
 
     .venv/bin/python -m benchmarks.curation_ablation [--config configs/local.yaml] [--steps N]
                                                      [--seed S [S ...]] [--max-seconds S]
-                                                     [--sft-run RUN_DIR ...] [--batch-wait-s S]
+                                                     [--sft-run RUN_DIR ...] [--batch-wait-s S] [--work DIR]
 
 Per seed, a `dart-jax run` of the config's demos, sft and eval phases gives the SFT policy
 and its held-out success (or `--sft-run`, once per seed: those phases of a finished run of
@@ -21,6 +21,11 @@ loss, its clip and KL term, the optimizer):
     + entropy selection  only the top fraction of steps by token entropy trained
     + TIS                truncated importance sampling against the engine's log-probs
     full                 + the experience pool (a group without a success takes a stored one)
+
+Runs go under `--work` (default: a new temporary directory). A configuration whose run
+there has finished (its summary holds the RL evaluation) is taken as it is, not run again:
+an interrupted ablation resumes where it stopped, and one run again with another seed added
+(`--seed 0 1` after `--seed 0`, same `--work`) runs only the new seed and pools both.
 
 A configuration whose trainer gets no batch for `--batch-wait-s` seconds (its rollouts give
 nothing to learn from: every group failed and no pool fills in) stops at the step it
@@ -92,6 +97,19 @@ def sft_summary(run_dir: Path) -> dict:
     return summary
 
 
+def finished(run_dir: Path) -> dict | None:
+    """The summary of a configuration's run that finished its RL phase and its evaluation
+    (a resumed ablation takes it instead of running it again); None otherwise."""
+    path = run_dir / "metrics" / "run.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    try:
+        summary = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        return None  # killed mid-write: run it again
+    done = all(k in summary for k in ("rl_steps", "heldout_success_rl")) and (run_dir / "eval" / "rl.json").is_file()
+    return summary if done else None
+
+
 def sampled(outcomes, seed: int) -> list:
     """The sampled episodes of one seed's evaluation, named by seed as well: episodes of
     different seeds are different episodes, and pairs form only within a seed."""
@@ -128,7 +146,7 @@ def main() -> None:
                     "(default: run them); once per --seed, in the same order")
     ap.add_argument("--batch-wait-s", type=float, default=300.0, help="a configuration whose trainer waits "
                     "this long for one batch stops there (its row says stalled)")
-    ap.add_argument("--work", default=None)
+    ap.add_argument("--work", default=None, help="where the runs go; finished ones there are not run again")
     args = ap.parse_args()
     if args.sft_run and len(args.sft_run) != len(args.seed):
         ap.error(f"--sft-run given {len(args.sft_run)} times for {len(args.seed)} seeds")
@@ -154,7 +172,7 @@ def main() -> None:
                   f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
         for i, (label, on) in enumerate(PIECES):
             name = f"ablation-{i}-seed{seed}"
-            summary = one_run(args.config, root, name, [*common, *variant(cfg, on)])
+            summary = finished(root / name) or one_run(args.config, root, name, [*common, *variant(cfg, on)])
             outcomes[i] += sampled(load_outcomes(root / name / "eval" / "rl.json"), seed)
             runs[i].append({"seed": seed, "rl_steps": summary["rl_steps"], "stalled": summary["rl_stalled"],
                             "out_of_time": summary["rl_out_of_time"], "collapsed": summary["rl_collapsed"],

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.curation_ablation import PIECES, row, sampled, sft_summary, table, variant
+from benchmarks.curation_ablation import PIECES, finished, row, sampled, sft_summary, table, variant
 from dart_jax.config.loader import apply_overrides, from_dict
 from dart_jax.config.schema import RunConfig
 from tests.procs import descendants
@@ -55,6 +55,21 @@ def test_sft_run_is_read_from_a_finished_run_and_refused_when_it_lacks_the_sft_p
         sft_summary(tmp_path)
     (tmp_path / "eval" / "sft.json").write_text("{}")
     assert sft_summary(tmp_path) == summary
+
+
+def test_a_resumed_ablation_takes_only_the_runs_that_finished_their_evaluation(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "eval").mkdir()
+    assert finished(tmp_path) is None  # nothing yet
+    (tmp_path / "metrics" / "run.jsonl").write_text(json.dumps({"step": 0, "rl_steps": 45}) + "\n")
+    assert finished(tmp_path) is None  # killed after RL, before its evaluation
+    summary = {"step": 0, "rl_steps": 45, "heldout_success_rl": 0.8}
+    (tmp_path / "metrics" / "run.jsonl").write_text(json.dumps(summary) + "\n" + '{"step": 0, "rl')
+    assert finished(tmp_path) is None  # a summary cut mid-write
+    (tmp_path / "metrics" / "run.jsonl").write_text(json.dumps(summary) + "\n")
+    assert finished(tmp_path) is None  # its episodes are missing
+    (tmp_path / "eval" / "rl.json").write_text("{}")
+    assert finished(tmp_path) == summary
 
 
 def test_the_table_says_how_each_seeds_run_ended_and_where_it_collapsed():
