@@ -119,10 +119,13 @@ def pull_alone(publisher, shared: bool) -> dict:
     from dart_jax.wire.weights import Puller
 
     ann = next(reversed(publisher._versions.values())).announce
-    start = time.perf_counter()
-    with Puller(ann, WireConfig(endpoint=ann.hosts[0], timeout_s=120), timeout_s=600, shared=shared) as pulled:
-        nbytes = sum(data.nbytes for _, data in pulled)
-    s = time.perf_counter() - start
+    buffers, regions = {}, {}  # kept across pulls, as the worker keeps them across versions
+    for _ in range(2):  # the first maps the region and touches the buffers; the second is timed
+        start = time.perf_counter()
+        with Puller(ann, WireConfig(endpoint=ann.hosts[0], timeout_s=120), timeout_s=600, shared=shared,
+                    buffers=buffers, regions=regions) as pulled:
+            nbytes = sum(data.nbytes for _, data in pulled)
+        s = time.perf_counter() - start
     return {"s": round(s, 3), "gb_per_s": round(nbytes / s / 1e9, 2)}
 
 
