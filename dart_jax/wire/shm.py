@@ -51,9 +51,9 @@ class RegionError(Exception):
 class Region:
     """One mapped region: `data` is its bytes after the header (writable only for its creator)."""
 
-    def __init__(self, path: str, token: str, mapping: mmap.mmap, size: int, writable: bool):
+    def __init__(self, path: str, token: str, mapping: mmap.mmap, size: int, writable: bool, fd: int = -1):
         self.path, self.token, self.size = path, token, size
-        self._mapping = mapping
+        self._mapping, self._fd = mapping, fd
         self.data = np.frombuffer(mapping, np.uint8, count=size, offset=HEADER_BYTES)
         if not writable:
             self.data.flags.writeable = False
@@ -89,12 +89,21 @@ class Region:
             if head[:8] != MAGIC or head[8:24].hex() != token or HEADER_BYTES + size != st.st_size:
                 raise RegionError(f"{path}: not the region the reply names (its token or size differ)")
             mapping = mmap.mmap(fd, HEADER_BYTES + size, prot=mmap.PROT_READ)
-        finally:
+        except BaseException:
             os.close(fd)
-        return cls(path, token, mapping, size, writable=False)
+            raise
+        return cls(path, token, mapping, size, writable=False, fd=fd)
+
+    def unlinked(self) -> bool:
+        """Whether its file is gone (its trainer closed or died, or the slot was replaced): a
+        mapping kept then holds the memory of a region nobody serves."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink == 0
 
     def close(self) -> None:
         self.data = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
             self._mapping.close()
 

@@ -305,6 +305,8 @@ class Puller:
         self.deadline = time.monotonic() + timeout_s
         self.assembler = Assembler(ann, buffers)
         self.regions = {} if regions is None else regions
+        for token in [t for t, region in self.regions.items() if region.unlinked()]:
+            self.regions.pop(token).close()  # its trainer closed or died: let its memory go
         self.shared = [shared and same_machine(endpoint) for endpoint in ann.hosts]  # cleared for a host whose region fails
         self.cancel = threading.Event() if cancel is None else cancel
         self._items: queue.Queue = queue.Queue(maxsize=2 * depth * len(ann.hosts))

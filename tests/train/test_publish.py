@@ -132,6 +132,9 @@ def test_a_worker_on_the_trainers_machine_takes_the_buckets_through_shared_memor
     assert slots[third] == (0, next(iter(mapped)))
     assert publisher.bytes_served == 0 and publisher.bytes_shared == 3 * host_bytes  # no byte over the wire
     assert not publisher.regions.path.exists()  # closed: its directory is gone
+    assert all(region.unlinked() for region in regions.values())
+    Puller(publisher._versions[third].announce, LOOPBACK, timeout_s=1, regions=regions).stop()
+    assert regions == {}  # a worker's next pull lets the closed trainer's regions go
 
 
 @pytest.mark.skipif(not available(), reason="no /dev/shm")
