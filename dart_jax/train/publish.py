@@ -50,7 +50,7 @@ from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import (Error, Message, PieceInfo, TensorInfo, WeightAnnounce, WeightBucket,
                                     WeightBucketInfo, WeightBucketShared, WeightLatest, WeightPull)
 from dart_jax.wire.pubsub import Publisher
-from dart_jax.wire.shm import Region, RegionDir, available
+from dart_jax.wire.shm import Region, RegionDir, RegionError, available
 from dart_jax.wire.weights import ITEMSIZE, checksum, pack_buckets, split_block
 
 log = logging.getLogger(__name__)
@@ -179,8 +179,7 @@ class WeightPublisher:
         ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
                              total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
         reuse, slot = self._retire()
-        region = None if self.regions is None else self.regions.slot(
-            slot, sum(b.nbytes for b in layout.buckets if b.host == self.process))
+        region = self._region(slot, sum(b.nbytes for b in layout.buckets if b.host == self.process))
         served = Served(ann, {i: Bucket([], threading.Event()) for i in layout.local}, {}, slot, region)
         with self._changed:
             self._versions[version] = served
@@ -199,6 +198,22 @@ class WeightPublisher:
         log.info("published version %d: %d buckets, %.1f MB (%.1f MB here) in %.2f s", version, len(layout.buckets),
                  ann.total_bytes / 1e6, local / 1e6, end - start)
         return version
+
+    def _region(self, slot: int, nbytes: int) -> Region | None:
+        """The slot's shared-memory region; None, and bytes for everyone from now on, when
+        there is none or /dev/shm cannot hold it."""
+        if self.regions is None:
+            return None
+        try:
+            return self.regions.slot(slot, nbytes)
+        except RegionError as e:
+            log.warning("weights.share_memory: %s; workers are sent bytes", e)
+            with self._changed:
+                for served in self._versions.values():
+                    served.region = None
+            self.regions.close()
+            self.regions = None
+            return None
 
     def _retire(self) -> tuple[dict[tuple, jax.Array] | None, int]:
         """Stop serving the versions beyond the window; the last one's arrays, to reuse, and

@@ -60,12 +60,17 @@ class Region:
 
     @classmethod
     def create(cls, path: Path, size: int) -> "Region":
-        """A new region file of `size` data bytes, with a fresh token in its header."""
+        """A new region file of `size` data bytes, with a fresh token in its header. Its memory
+        is reserved now: a /dev/shm too small for it (a container's 64 MiB default) raises
+        RegionError here, where writing into an unreserved mapping would kill the process."""
         token = secrets.token_bytes(16)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.ftruncate(fd, HEADER_BYTES + size)
+            os.posix_fallocate(fd, 0, HEADER_BYTES + size)
             mapping = mmap.mmap(fd, HEADER_BYTES + size)
+        except OSError as e:
+            os.unlink(path)
+            raise RegionError(f"{path}: {size} bytes cannot be reserved in {path.parent.parent}: {e.strerror}") from None
         finally:
             os.close(fd)
         mapping[:HEADER_BYTES] = (MAGIC + token + size.to_bytes(8, "little")).ljust(HEADER_BYTES, b"\0")

@@ -155,6 +155,23 @@ def test_a_shared_bucket_is_checked_on_the_workers_copy_and_an_unmappable_region
         publisher.close()
 
 
+@pytest.mark.skipif(not available(), reason="no /dev/shm")
+def test_a_dev_shm_too_small_for_the_regions_leaves_every_worker_on_the_wire(sharded, monkeypatch):
+    config, params = sharded
+    publisher = _publisher(config, share_memory=True)
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    try:
+        version = publisher.publish(params)  # a container's 64 MiB /dev/shm: reserved up front, refused
+        assert publisher.regions is None and publisher._versions[version].region is None
+        assert _exact(pull(publisher, version), params, config, "float32")
+        assert publisher.bytes_served == publisher.stages["host_bytes"] and publisher.bytes_shared == 0
+    finally:
+        publisher.close()
+
+
 @pytest.mark.slow
 def test_tensors_of_the_7b_embedding_shape_travel_under_the_default_message_limit(tiny_dir):
     """Qwen2.5-VL-7B's embed_tokens and lm_head: 152064 x 3584 bf16, 1.09 GB each, four
