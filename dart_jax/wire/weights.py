@@ -182,11 +182,15 @@ def _few(names: list[str]) -> str:
     return "none" if not names else ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def check_bucket(info: WeightBucketInfo, reply: WeightBucket, ann: WeightAnnounce) -> list[np.ndarray]:
-    """The bucket's frames, once they are the announced pieces of this version, whole and intact."""
+def _check_asked(info: WeightBucketInfo, reply: WeightBucket | WeightBucketShared, ann: WeightAnnounce) -> None:
     if reply.version != ann.version or reply.bucket != info.index:
         raise WeightTransferError(f"asked for version {ann.version} bucket {info.index}, "
                                   f"got version {reply.version} bucket {reply.bucket}")
+
+
+def check_bucket(info: WeightBucketInfo, reply: WeightBucket, ann: WeightAnnounce) -> list[np.ndarray]:
+    """The bucket's frames, once they are the announced pieces of this version, whole and intact."""
+    _check_asked(info, reply, ann)
     where = f"version {ann.version} bucket {info.index}"
     if len(reply.pieces) != len(info.pieces):
         raise WeightTransferError(f"{where}: {len(reply.pieces)} pieces, expected {len(info.pieces)}")
@@ -202,9 +206,7 @@ def copy_shared(info: WeightBucketInfo, reply: WeightBucketShared, region: Regio
                 ann: WeightAnnounce) -> list[np.ndarray]:
     """The bucket's pieces, copied out of the host's region into `staging` and checked there:
     the bytes returned are the ones checked, whatever the region holds afterwards."""
-    if reply.version != ann.version or reply.bucket != info.index:
-        raise WeightTransferError(f"asked for version {ann.version} bucket {info.index}, "
-                                  f"got version {reply.version} bucket {reply.bucket}")
+    _check_asked(info, reply, ann)
     if reply.offset + info.nbytes > region.size:
         raise WeightTransferError(f"version {ann.version} bucket {info.index}: {info.nbytes} bytes at "
                                   f"{reply.offset} lie outside its region ({region.size} bytes)")
@@ -285,8 +287,7 @@ class Puller:
     tensors complete; anything wrong raises WeightTransferError, WireTimeout or RemoteError.
 
     A host on this machine (ipc, loopback) is asked for its buckets through shared memory
-    (unless `shared` is off);
-    a lane maps its region once (`regions`, kept across versions by the caller), copies each
+    (unless `shared` is off); a lane maps its region once (`regions`, kept across versions by the caller), copies each
     bucket into a buffer of its own, checks it there and places its pieces. A host that
     answers with bytes, or whose region cannot be used here, is pulled over the wire.
 
