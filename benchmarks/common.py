@@ -1,5 +1,5 @@
-"""What every benchmark shares: the machine line, workers in fresh processes and in-process
-rollout workers."""
+"""What every benchmark shares: the machine line, its work directory, workers in fresh
+processes and in-process rollout workers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def machine() -> str:
@@ -21,6 +25,20 @@ def machine() -> str:
     except (ValueError, OSError):
         mem = float("nan")
     return f"{platform.node()} {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
+
+
+@contextlib.contextmanager
+def work_dir(given: str | os.PathLike | None, prefix: str) -> Iterator[Path]:
+    """Where a benchmark writes: `given` (kept), or a new temporary directory removed when the
+    benchmark ends, however it ends (one 0.5B weight_sync run writes 2-4 GB of checkpoints)."""
+    if given is not None:
+        yield Path(given)
+        return
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "OutOfMemoryError", "out of memory")

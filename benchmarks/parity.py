@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import machine, running_worker
+from benchmarks.common import machine, running_worker, work_dir
 
 PROMPTS = ("Type hello into the search box.", "Click the OK button.", "Open the settings menu and enable dark mode.",
            "Scroll down to the footer.", "Select the third item of the list.", "Press submit.")
@@ -74,26 +73,26 @@ def main() -> None:
     from rollout_gpu.config import SamplingConfig
     from rollout_gpu.engine import Engine
 
-    work = Path(tempfile.mkdtemp(prefix="bench_parity_"))
-    hf_dir = make_tiny_hf_dir(work / "policy", init_std=0.1)
-    tasks = [TaskSpec(task_id=f"synthetic/{name}/{i}", backend="synthetic", name=name, seed=i)
-             for name in ("click-button", "enter-text", "select-item") for i in range(3)]
+    with work_dir(None, "bench_parity_") as work:
+        hf_dir = make_tiny_hf_dir(work / "policy", init_std=0.1)
+        tasks = [TaskSpec(task_id=f"synthetic/{name}/{i}", backend="synthetic", name=name, seed=i)
+                 for name in ("click-button", "enter-text", "select-item") for i in range(3)]
 
-    async def collect():
-        engine = await Engine.start(hf_dir, RunConfig().rollout.engine, SamplingConfig(max_tokens=32))
-        try:
-            with LocalStack(work / "run", hf_dir, tasks) as stack:
-                async with running_worker(stack, engine, episodes=4):
-                    while stack.stats().trajectories < args.trajectories:
-                        await asyncio.sleep(1.0)
-                rollouts = stack.trajectories()
-            return rollouts, await sample_text(engine, PromptBuilder.from_pretrained(hf_dir), args.text)
-        finally:
-            engine.shutdown()
+        async def collect():
+            engine = await Engine.start(hf_dir, RunConfig().rollout.engine, SamplingConfig(max_tokens=32))
+            try:
+                with LocalStack(work / "run", hf_dir, tasks) as stack:
+                    async with running_worker(stack, engine, episodes=4):
+                        while stack.stats().trajectories < args.trajectories:
+                            await asyncio.sleep(1.0)
+                    rollouts = stack.trajectories()
+                return rollouts, await sample_text(engine, PromptBuilder.from_pretrained(hf_dir), args.text)
+            finally:
+                engine.shutdown()
 
-    start = time.time()
-    rollouts, texts = asyncio.run(collect())
-    text, image = gaps(hf_dir, rollouts + texts)
+        start = time.time()
+        rollouts, texts = asyncio.run(collect())
+        text, image = gaps(hf_dir, rollouts + texts)
     both = np.concatenate([text, image])
     print(json.dumps({"benchmark": "parity", "text_mean_abs": float(text.mean()), "image_mean_abs": float(image.mean()),
                       "max_abs": float(both.max()), "text_tokens": len(text), "image_tokens": len(image),

@@ -16,11 +16,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.common import machine, running_worker, union_s
+from benchmarks.common import machine, running_worker, union_s, work_dir
 
 
 async def measure(stack, engine, k: int, seconds: float) -> dict:
@@ -54,29 +52,29 @@ def main() -> None:
     from rollout_gpu.config import SamplingConfig
     from rollout_gpu.engine import Engine
 
-    work = Path(tempfile.mkdtemp(prefix="bench_rollout_"))
-    hf_dir = make_tiny_hf_dir(work / "policy")
-    latency = Latency(kind="lognormal" if args.sigma else "fixed", median_s=args.step_s, sigma=args.sigma)
-    base = RunConfig()
-    cfg = dataclasses.replace(
-        base, envs=dataclasses.replace(base.envs, slots=(SyntheticSlots(count=max(args.episodes), step_latency=latency),)),
-        data=dataclasses.replace(base.data, curation=dataclasses.replace(
-            base.data.curation, max_pending_per_task=1_000_000, default_max_steps=10, max_steps=10)))
-    tasks = [TaskSpec(task_id=f"synthetic/click-button/{i}", backend="synthetic", name="click-button", seed=i)
-             for i in range(8)]
-    async def run_all() -> list[dict]:
-        engine = await Engine.start(hf_dir, cfg.rollout.engine, SamplingConfig(max_tokens=args.max_tokens))
-        results = []
-        try:
-            for k in args.episodes:
-                with LocalStack(work / f"run-{k}", hf_dir, tasks, cfg) as stack:
-                    results.append(await measure(stack, engine, k, args.seconds))
-                print(json.dumps(results[-1]), flush=True)
-        finally:
-            engine.shutdown()
-        return results
+    with work_dir(None, "bench_rollout_") as work:
+        hf_dir = make_tiny_hf_dir(work / "policy")
+        latency = Latency(kind="lognormal" if args.sigma else "fixed", median_s=args.step_s, sigma=args.sigma)
+        base = RunConfig()
+        cfg = dataclasses.replace(
+            base, envs=dataclasses.replace(base.envs, slots=(SyntheticSlots(count=max(args.episodes), step_latency=latency),)),
+            data=dataclasses.replace(base.data, curation=dataclasses.replace(
+                base.data.curation, max_pending_per_task=1_000_000, default_max_steps=10, max_steps=10)))
+        tasks = [TaskSpec(task_id=f"synthetic/click-button/{i}", backend="synthetic", name="click-button", seed=i)
+                 for i in range(8)]
+        async def run_all() -> list[dict]:
+            engine = await Engine.start(hf_dir, cfg.rollout.engine, SamplingConfig(max_tokens=args.max_tokens))
+            results = []
+            try:
+                for k in args.episodes:
+                    with LocalStack(work / f"run-{k}", hf_dir, tasks, cfg) as stack:
+                        results.append(await measure(stack, engine, k, args.seconds))
+                    print(json.dumps(results[-1]), flush=True)
+            finally:
+                engine.shutdown()
+            return results
 
-    results = asyncio.run(run_all())
+        results = asyncio.run(run_all())
     print(json.dumps({"benchmark": "rollout", "step_s": args.step_s, "sigma": args.sigma, "seconds": args.seconds,
                       "max_tokens": args.max_tokens, "results": results, "machine": machine()}))
 

@@ -37,11 +37,10 @@ import asyncio
 import json
 import multiprocessing as mp
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import machine
+from benchmarks.common import machine, work_dir
 
 SIZES = {  # TinySpec overrides
     "0.5b": dict(text_hidden=1024, text_layers=24, text_heads=16, text_kv_heads=2, text_intermediate=4864,
@@ -218,7 +217,7 @@ async def measure(args, hf_dir: Path, conn) -> dict:
                    "swap_s": round(event.resumed - event.paused, 3)},
     }
     print("in place:", json.dumps(result), file=sys.stderr, flush=True)
-    conn.send(("export", str(Path(args.work) / "export")))  # under the same load: the streams go on
+    conn.send(("export", str(hf_dir.parent / "export")))  # under the same load: the streams go on
     exported = await asyncio.to_thread(conn.recv)
     restart = time.time()
     streams.stop.set()
@@ -235,6 +234,21 @@ async def measure(args, hf_dir: Path, conn) -> dict:
     return result
 
 
+def run(args: argparse.Namespace, work: Path) -> dict:
+    """The trainer process beside this one, then the measurements."""
+    from dart_jax.models.tiny import make_tiny_hf_dir
+    hf_dir = make_tiny_hf_dir(work / "policy", **SIZES[args.size])
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    trainer = ctx.Process(target=trainer_process, args=(str(hf_dir), args.share_memory == "on", child), daemon=True)
+    trainer.start()
+    try:
+        return asyncio.run(measure(args, hf_dir, conn))
+    finally:
+        conn.send("stop")
+        trainer.join(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="0.5b")
@@ -245,19 +259,8 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
-    args.work = args.work or tempfile.mkdtemp(prefix="bench_weight_sync_")
-
-    from dart_jax.models.tiny import make_tiny_hf_dir
-    hf_dir = make_tiny_hf_dir(Path(args.work) / "policy", **SIZES[args.size])
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    trainer = ctx.Process(target=trainer_process, args=(str(hf_dir), args.share_memory == "on", child), daemon=True)
-    trainer.start()
-    try:
-        result = asyncio.run(measure(args, hf_dir, conn))
-    finally:
-        conn.send("stop")
-        trainer.join(60)
+    with work_dir(args.work, "bench_weight_sync_") as work:
+        result = run(args, work)
     result = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
     result["restart_over_inplace"] = round(result["disk_restart_s"] / result["inplace_s"], 1)
     print(json.dumps({"benchmark": "weight_sync", "size": args.size, "streams": args.streams,

@@ -15,6 +15,9 @@ LOCK=requirements/lock-cpu.txt
 # PyPI's torch/torchvision builds run on CPU.
 unset PIP_FIND_LINKS
 export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
+# No wheel cache: a clean install then needs the venv's ~7.5 GB of disk, not that plus ~3.5 GB
+# of cached CUDA wheels (torch's PyPI build), which a nearly full disk has failed on.
+export PIP_NO_CACHE_DIR=1
 
 want=$(cat scripts/setup.sh requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 
