@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,15 +31,22 @@ def machine() -> str:
 @contextlib.contextmanager
 def work_dir(given: str | os.PathLike | None, prefix: str) -> Iterator[Path]:
     """Where a benchmark writes: `given` (kept), or a new temporary directory removed when the
-    benchmark ends, however it ends (one 0.5B weight_sync run writes 2-4 GB of checkpoints)."""
+    benchmark ends, however it ends: an exception, Ctrl-C or a SIGTERM (`timeout`, a job
+    scheduler), which ends it through SystemExit. One 0.5B weight_sync run writes 2-4 GB."""
     if given is not None:
         yield Path(given)
         return
     path = Path(tempfile.mkdtemp(prefix=prefix))
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         yield path
     finally:
+        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "OutOfMemoryError", "out of memory")

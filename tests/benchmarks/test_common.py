@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from benchmarks.common import work_dir
@@ -21,3 +27,22 @@ def test_a_named_work_directory_is_kept(tmp_path):
         work.mkdir()
         (work / "result.json").write_text("{}")
     assert (tmp_path / "mine" / "result.json").read_text() == "{}"
+
+
+def test_a_benchmark_ended_by_sigterm_removes_its_temporary_work_directory(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import sys, time\n"
+        "from benchmarks.common import work_dir\n"
+        "with work_dir(None, 'bench_test_') as work:\n"
+        "    (work / 'checkpoint').write_bytes(b'0' * 4096)\n"
+        "    print(work, flush=True)\n"
+        "    time.sleep(60)\n")
+    root = Path(__file__).parents[2]
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    work = Path(proc.stdout.readline().strip())
+    assert (work / "checkpoint").exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert not work.exists()
