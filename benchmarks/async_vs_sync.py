@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
-from benchmarks.common import machine, socket_overrides
+from benchmarks.common import machine, socket_overrides, work_dir
 
 
 def overrides(args, root: Path, mode: str) -> list[str]:
@@ -98,12 +97,12 @@ def main() -> None:
     ap.add_argument("--tasks-per-batch", type=int, default=2)
     ap.add_argument("--max-pending", type=int, default=0,
                     help="rollouts pending at most (in flight or unused; 0: no cap): how far the fleet may run ahead")
-    ap.add_argument("--work", default=None)
+    ap.add_argument("--work", default=None, help="where the runs go, kept (default: a temporary directory, removed at the end)")
     args = ap.parse_args()
     from dart_jax.run.main import stop_on_sigterm
     stop_on_sigterm()  # killed, its runs' roles go with it
-    root = Path(args.work or tempfile.mkdtemp(prefix="bench_async_sync_"))
-    a, s = run_mode(args, root, "async"), run_mode(args, root, "sync")
+    with work_dir(args.work, "bench_async_sync_") as root:
+        a, s = run_mode(args, root, "async"), run_mode(args, root, "sync")
     print(json.dumps({
         "benchmark": "async_vs_sync", "env_util_async": a["env_util"], "env_util_sync": s["env_util"],
         "env_util_ratio": a["env_util"] / s["env_util"], "throughput_ratio": a["actions_per_min"] / s["actions_per_min"],

@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,17 +35,13 @@ def work_dir(given: str | os.PathLike | None, prefix: str) -> Iterator[Path]:
     if given is not None:
         yield Path(given)
         return
+    from dart_jax.run.main import stop_on_sigterm
+    stop_on_sigterm()  # a SIGTERM unwinds through the removal below
     path = Path(tempfile.mkdtemp(prefix=prefix))
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         yield path
     finally:
-        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "OutOfMemoryError", "out of memory")
