@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
+
+from benchmarks.common import work_dir  # noqa: E402
 
 RESPONSE = "Thought: I need to click the OK button.\nAction: click(start_box='(40,52)')"
 SAMPLED_TOKENS = 16
@@ -205,9 +206,15 @@ def machine() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--init-std", type=float, default=None, help="tiny model weight scale (TinySpec default)")
-    ap.add_argument("--work", default=None, help="directory for the tiny model (default: a temp dir)")
+    ap.add_argument("--work", default=None, help="directory for the tiny model, kept (default: a temporary "
+                    "directory, removed at the end)")
     args = ap.parse_args()
+    with work_dir(args.work, "logprob_parity_") as work:
+        print(json.dumps(measure(work, args.init_std)))
 
+
+def measure(work: Path, init_std: float | None) -> dict:
+    """The report: every gap and diagnostic, the tiny model built under `work`."""
     import torch
     from transformers import AutoImageProcessor, Qwen2_5_VLForConditionalGeneration
 
@@ -215,8 +222,7 @@ def main() -> None:
     from dart_jax.agent.image_processing import ProcessedImages, preprocess_images
     from dart_jax.models.tiny import make_tiny_hf_dir
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="logprob_parity_"))
-    overrides = {} if args.init_std is None else {"init_std": args.init_std}
+    overrides = {} if init_std is None else {"init_std": init_std}
     model_dir = make_tiny_hf_dir(work / "tiny", seed=0, **overrides)
     builder = PromptBuilder.from_pretrained(model_dir)
     cases = make_cases(builder)
@@ -259,7 +265,7 @@ def main() -> None:
     report["engine_start_s"] = vllm_run["engine_start_s"]
     report["init_std"] = json.loads((model_dir / "config.json").read_text())["text_config"]["initializer_range"]
     report["machine"] = machine()
-    print(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":
