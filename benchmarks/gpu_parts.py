@@ -86,7 +86,8 @@ def train_part(dry: bool, deadline: float, write: Write, only: Only = None) -> d
     for size, length, frameworks in chosen(list(plan.rows), train_cases(dry), only):
         doc["results"].append(measure_row(size, length, plan.tokens_per_step, frameworks, steps=plan.steps,
                                           dtype=plan.dtype, remat=plan.remat,
-                                          timeout=time_left(deadline, plan.case_cap_s)))
+                                          timeout=time_left(deadline, plan.case_cap_s),
+                                          profile=(size, length) == plan.target))
         write(doc)
     return {**doc, "targets": train_targets(plan, doc["results"])}
 

@@ -188,9 +188,13 @@ def _gib(x):
 def _case(res: dict) -> dict:
     if res.get("status") != "ok":
         return {"status": res.get("status"), "plan_gib": _gib(res.get("plan_bytes"))}
-    return {"tokens_per_s": _r(res.get("tokens_per_s"), 0), "mfu": _r(res.get("mfu")),
-            "peak_gib": _gib(res.get("peak_bytes")), "compile_s": _r(res.get("compile_s"), 1),
-            "step_s": _r(res.get("step_s"))}
+    figures = {"tokens_per_s": _r(res.get("tokens_per_s"), 0), "mfu": _r(res.get("mfu")),
+               "peak_gib": _gib(res.get("peak_bytes")), "compile_s": _r(res.get("compile_s"), 1),
+               "step_s": _r(res.get("step_s"))}
+    if profile := res.get("profile"):  # where the step's time went: seconds a step by kind
+        figures["profile"] = {"busy_share": _r(profile["busy_share"]),
+                              **{k: _r(v, 4) for k, v in profile["by_kind_s"].items()}}
+    return figures
 
 
 def brief(name: str, doc: dict | None) -> dict:

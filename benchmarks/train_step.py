@@ -20,7 +20,9 @@ output; recomputation not counted; peak by the device's name), peak device memor
 memory_stats / torch max_memory_allocated; on CPU, XLA's memory analysis of our compiled
 step), compile time (first step minus a steady one; ours: plus the accumulate step's
 compile, done ahead so that XLA's memory plan is printed even when the step does not fit:
-`plan_bytes`). The last line is JSON with every figure and the machine.
+`plan_bytes`). With `--profile`, two more steps of each are traced: where the time goes, by
+operation and kind (benchmarks/op_profile.py). The last line is JSON with every figure and the
+machine.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import time
 import numpy as np
 
 from benchmarks.common import run_worker
+from benchmarks.op_profile import jax_ops, torch_ops
 from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
 
 # name -> (hidden, intermediate, layers, heads, kv heads, vocab, tied): Qwen2.5(-VL) decoders
@@ -90,6 +93,7 @@ class Case:
     steps: int
     dtype: str
     remat: str
+    profile: bool = False  # also trace two more steps: where the time goes, by operation (op_profile)
 
 
 # ---- ours -----------------------------------------------------------------------------
@@ -152,8 +156,15 @@ def run_jax(case: Case) -> dict:
         times.append(time.perf_counter() - start)
     peak, source = device_peak_bytes(exe)
     steady = statistics.median(times)
-    return {"step_s": steady, "compile_s": accumulate_compile + first - steady,
-            "peak_bytes": peak, "peak_source": source, "loss": float(metrics["loss/total"])}
+    result = {"step_s": steady, "compile_s": accumulate_compile + first - steady,
+              "peak_bytes": peak, "peak_source": source, "loss": float(metrics["loss/total"])}
+    if case.profile:
+        def traced() -> None:
+            nonlocal state
+            state, out = step(state)
+            jax.block_until_ready(out)
+        result["profile"] = jax_ops(traced)
+    return result
 
 
 def device_peak_bytes(exe) -> tuple[int, str]:
@@ -236,9 +247,12 @@ def run_torch(case: Case) -> dict:
         loss = step()
         times.append(time.perf_counter() - start)
     peak = int(torch.cuda.max_memory_allocated()) if cuda else None
-    return {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
-            "peak_bytes": peak, "peak_source": "max_memory_allocated" if cuda else None, "loss": loss,
-            "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    result = {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
+              "peak_bytes": peak, "peak_source": "max_memory_allocated" if cuda else None, "loss": loss,
+              "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    if case.profile:
+        result["profile"] = torch_ops(step)
+    return result
 
 
 # ---- driver ---------------------------------------------------------------------------
@@ -260,12 +274,13 @@ def summarize(case: Case, res: dict, peak_tflops: float | None = None) -> dict:
 
 
 def measure_row(size: str, length: int, tokens_per_step: int, frameworks, *, steps: int, dtype: str,
-                remat: str, timeout, peak_tflops: float | None = None) -> dict:
+                remat: str, timeout, peak_tflops: float | None = None, profile: bool = False) -> dict:
     """Every framework on one (size, length), each in its own process, and ours over theirs.
-    `timeout()` gives the seconds the next case may take, or None to skip it."""
+    `timeout()` gives the seconds the next case may take, or None to skip it; `profile` adds
+    each framework's time by operation."""
     row = {"size": size, "length": length, "rows": max(1, tokens_per_step // length)}
     for fw in frameworks:
-        case = Case(fw, size, length, row["rows"], steps, dtype, remat)
+        case = Case(fw, size, length, row["rows"], steps, dtype, remat, profile)
         limit = timeout()
         skipped = {"status": "skipped: out of time"}
         row[fw] = skipped if limit is None else summarize(case, measure(case, limit), peak_tflops)
@@ -298,6 +313,7 @@ def main() -> None:
     ap.add_argument("--frameworks", default="jax,torch")
     ap.add_argument("--peak-tflops", type=float, help="peak dense TFLOP/s of the device, for MFU where unknown")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per measurement")
+    ap.add_argument("--profile", action="store_true", help="trace two more steps: time by operation")
     ap.add_argument("--compile-only", action="store_true",
                     help="ours only, compiled not run: XLA's memory analysis and compile time")
     args = ap.parse_args()
@@ -318,7 +334,8 @@ def main() -> None:
     for size in sizes:
         for length in lengths:
             row = measure_row(size, length, per_step, frameworks, steps=args.steps, dtype=dtype, remat=args.remat,
-                              timeout=lambda: args.timeout, peak_tflops=args.peak_tflops)
+                              timeout=lambda: args.timeout, peak_tflops=args.peak_tflops,
+                              profile=args.profile)
             print(json.dumps(row), file=sys.stderr, flush=True)
             results.append(row)
     print(json.dumps({"benchmark": "train_step", "formula": FORMULA, "peak_flops": peak, "dtype": dtype,

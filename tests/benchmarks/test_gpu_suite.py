@@ -58,6 +58,12 @@ def test_the_train_part_has_both_frameworks_figures(dry):
         assert res["tokens_per_s"] > 0 and res["step_s"] > 0 and res["compile_s"] > 0
     assert row["jax"]["peak_bytes"] > 0 and row["jax"]["plan_bytes"] > 0
     assert row["speedup_vs_torch"] == pytest.approx(row["jax"]["tokens_per_s"] / row["torch"]["tokens_per_s"])
+    for fw, source in (("jax", "/host:CPU"), ("torch", "cpu ops")):  # the target's row says where its time went
+        profile = row[fw]["profile"]
+        assert profile["source"] == source and profile["steps"] == 2 and profile["busy_s"] > 0, profile
+        assert profile["top"] and sum(profile["by_kind_s"].values()) == pytest.approx(profile["busy_s"])
+    summary = dry[1]["parts"]["train_step"]["figures"][0]
+    assert set(summary["jax"]["profile"]) >= {"busy_share", *row["jax"]["profile"]["by_kind_s"]}
     targets = doc["targets"]
     assert len(targets) == 3
     assert targets["MFU, micro at 256 tokens"] == {"value": None, "target": ">= 0.45", "met": None}  # no CPU peak
