@@ -192,8 +192,8 @@ def _case(res: dict) -> dict:
                "peak_gib": _gib(res.get("peak_bytes")), "compile_s": _r(res.get("compile_s"), 1),
                "step_s": _r(res.get("step_s"))}
     if profile := res.get("profile"):  # where the step's time went: seconds a step by kind
-        figures["profile"] = {"busy_share": _r(profile["busy_share"]),
-                              **{k: _r(v, 4) for k, v in profile["by_kind_s"].items()}}
+        figures["profile"] = {"error": profile["error"]} if "error" in profile else {
+            "busy_share": _r(profile["busy_share"]), **{k: _r(v, 4) for k, v in profile["by_kind_s"].items()}}
     return figures
 
 

@@ -158,13 +158,14 @@ def run_jax(case: Case) -> dict:
     steady = statistics.median(times)
     result = {"step_s": steady, "compile_s": accumulate_compile + first - steady,
               "peak_bytes": peak, "peak_source": source, "loss": float(metrics["loss/total"])}
-    if case.profile:
-        def traced() -> None:
-            nonlocal state
-            state, out = step(state)
-            jax.block_until_ready(out)
-        result["profile"] = jax_ops(traced)
-    return result
+    if not case.profile:
+        return result
+
+    def traced() -> None:
+        nonlocal state
+        state, out = step(state)
+        jax.block_until_ready(out)
+    return profiled(result, jax_ops, traced)
 
 
 def device_peak_bytes(exe) -> tuple[int, str]:
@@ -250,16 +251,28 @@ def run_torch(case: Case) -> dict:
     result = {"step_s": statistics.median(times), "compile_s": first - statistics.median(times),
               "peak_bytes": peak, "peak_source": "max_memory_allocated" if cuda else None, "loss": loss,
               "device": torch.cuda.get_device_name() if cuda else "cpu"}
-    if case.profile:
-        result["profile"] = torch_ops(step)
-    return result
+    return profiled(result, torch_ops, step) if case.profile else result
+
+
+def profiled(result: dict, trace, step) -> dict:
+    """The profile of `step`, the figures printed first: a trace that fails or outlives the
+    case's time loses no figure (`measure` reads them back either way)."""
+    print(json.dumps(result), flush=True)
+    try:
+        return {"profile": trace(step)}
+    except Exception as e:  # a profiler the host lacks (no CUPTI) leaves the figures standing
+        return {"profile": {"error": f"{type(e).__name__}: {e}"[:300]}}
 
 
 # ---- driver ---------------------------------------------------------------------------
 
 def measure(case: Case, timeout: float) -> dict:
-    """One case in a fresh process: its figures, or why there are none."""
-    return run_worker("benchmarks.train_step", dataclasses.asdict(case), timeout)
+    """One case in a fresh process: its figures, or why there are none. A case stopped while
+    it was being profiled keeps its figures; its profile says why it has none."""
+    res = run_worker("benchmarks.train_step", dataclasses.asdict(case), timeout)
+    if case.profile and res["status"] != "ok" and "step_s" in res and "profile" not in res:
+        res = {**res, "status": "ok", "profile": {"error": res["status"]}}
+    return res
 
 
 def summarize(case: Case, res: dict, peak_tflops: float | None = None) -> dict:
