@@ -220,7 +220,10 @@ def brief(name: str, doc: dict | None) -> dict:
     else:
         figures = {k: _r(doc.get(k)) for k in ("gb_per_s", "fp32_gb_per_s", "first_s", "s", "full_7b_s")}
         figures["out_gib"] = _gib(doc.get("out_bytes"))
-    return {"figures": figures, "targets": doc.get("targets", {})}
+    out = {"figures": figures, "targets": doc.get("targets", {})}
+    if sweep := doc.get("chunk_sweep"):  # the kernel's worst case at other chunks: the best found
+        out["chunk_sweep"] = {"case": sweep["case"], "backend_chunks": sweep["backend_chunks"], "best": sweep["best"]}
+    return out
 
 
 def main() -> None:

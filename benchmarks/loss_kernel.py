@@ -103,6 +103,23 @@ def compare(tokens: int, hidden: int = D, vocab: int = V, dtype: str = "float32"
     return out
 
 
+def fused_time(tokens: int, hidden: int, vocab: int, dtype: str, *, chunk_tokens: int, chunk_vocab: int,
+               reps: int) -> dict:
+    """The fused kernel alone at other chunk sizes: its median time and XLA temp bytes."""
+    out = {"chunk_tokens": chunk_tokens, "chunk_vocab": chunk_vocab}
+    fn = _grad_fn(token_logprobs_entropy, chunk_tokens=chunk_tokens, chunk_vocab=chunk_vocab, entropy_grad=True)
+    try:
+        exe = fn.lower(*_abstract(tokens, hidden, vocab, dtype)).compile()
+        x = _inputs(tokens, hidden, vocab, dtype)
+        jax.block_until_ready(exe(*x))
+    except Exception as e:
+        if not any(m in str(e) for m in OOM_MARKERS):
+            raise
+        return {**out, "status": "out of memory"}
+    runs = [_time(exe, x) for _ in range(reps)]
+    return {**out, "status": "ok", "fused_s": statistics.median(runs), "fused_temp_bytes": _temp(exe)}
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     dev = jax.devices()[0]

@@ -94,6 +94,22 @@ def test_the_kernel_part_compares_both_shapes_at_both_lengths(dry):
         assert r["grad_rel_err"] < 2e-2  # bf16 operands, fp32 accumulation
     worst = max(r["fused_over_naive_s"] for r in doc["results"])
     assert doc["targets"]["fused time over naive, worst case"]["value"] == pytest.approx(worst)
+    sweep = doc["chunk_sweep"]  # the worst case again at other chunks
+    (case,) = [r for r in doc["results"] if r["fused_over_naive_s"] == worst]
+    assert sweep["case"] == f"{case['model']} x {case['tokens']}"
+    assert sweep["tried"] and all(r["status"] == "ok" and r["fused_s"] > 0 for r in sweep["tried"])
+    assert [sweep["backend_chunks"]] + [[r["chunk_tokens"], r["chunk_vocab"]] for r in sweep["tried"]] == \
+        [list(p) for p in [(case["chunk_tokens"], case["chunk_vocab"]), *gpu_parts.chunk_candidates(
+            case["chunk_tokens"], case["chunk_vocab"], case["tokens"], case["vocab"])]]
+    best = min(sweep["tried"], key=lambda r: r["fused_s"])
+    assert sweep["best"]["fused_over_naive_s"] == best["fused_over_naive_s"]
+    assert dry[1]["parts"]["loss_kernel"]["chunk_sweep"]["best"] == sweep["best"]
+
+
+def test_the_chunk_sweep_halves_and_doubles_within_the_problem():
+    assert gpu_parts.chunk_candidates(4096, 15232, 16384, 152064) == [(8192, 15232), (2048, 15232), (4096, 30464),
+                                                                      (4096, 7552)]
+    assert gpu_parts.chunk_candidates(256, 5120, 256, 10000) == [(128, 5120), (256, 10000), (256, 2560)]
 
 
 @pytest.mark.slow
