@@ -69,8 +69,15 @@ def jax_ops(step: Callable[[], None], steps: int = 2) -> dict:
         return summarize(*_xla_op_times(profile), steps=steps, wall_s=wall, source=_source(profile))
 
 
+# lines a profiler derives from a device's kernels (the same time again) or that are not kernels
+DERIVED = frozenset({"XLA Ops", "Async XLA Ops", "XLA Modules", "XLA TraceMe", "Steps", "Framework Ops",
+                     "Framework Name Scope", "TensorFlow Ops", "TensorFlow Name Scope", "Source code"})
+
+
 def _planes(profile) -> list:
-    devices = [p for p in profile.planes if p.name.startswith("/device:") and _has_ops(p)]
+    """The device planes that recorded anything, else the host's (a CPU backend runs XLA's
+    operations on the host's threads)."""
+    devices = [p for p in profile.planes if p.name.startswith("/device:") and any(l.events for l in _op_lines(p))]
     return devices or [p for p in profile.planes if p.name == "/host:CPU"]
 
 
@@ -78,27 +85,27 @@ def _source(profile) -> str:
     return ", ".join(p.name for p in _planes(profile))
 
 
-def _has_ops(plane) -> bool:
-    return any("hlo_op" in dict(e.stats) for line in plane.lines for e in line.events)
-
-
 def _op_lines(plane) -> list:
-    """A device plane may carry a derived "XLA Ops" line beside its stream lines: the same
-    operations twice. Where it does, that line alone; else every line."""
+    """A device plane's "XLA Ops" line where it has one (TPUs, some GPU builds): each
+    operation once. Else its stream lines, without the lines derived from them."""
     named = [line for line in plane.lines if line.name == "XLA Ops"]
-    return named or list(plane.lines)
+    return named or [line for line in plane.lines if line.name not in DERIVED]
 
 
 def _xla_op_times(profile) -> tuple[dict[str, float], dict[str, int], dict[str, str]]:
     """Each operation's own time: an operation that holds others on its line (a while loop
-    around its body on CPU) counts only the time its inner operations leave."""
+    around its body on CPU) counts only the time its inner operations leave. A device's kernel
+    counts under the HLO operation that launched it, or its own name where the trace does not
+    say (a kernel replayed from a CUDA graph); on the host only XLA's operations count."""
     times: dict[str, float] = collections.Counter()
     counts: dict[str, int] = collections.Counter()
     kernels: dict[str, str] = {}
     for plane in _planes(profile):
+        device = plane.name.startswith("/device:")
         for line in _op_lines(plane):
             ops = sorted(((e.start_ns, e.duration_ns, str(op), e.name) for e in line.events
-                          if (op := dict(e.stats).get("hlo_op")) is not None), key=lambda o: (o[0], -o[1]))
+                          if (op := dict(e.stats).get("hlo_op") or (e.name if device else None)) is not None),
+                         key=lambda o: (o[0], -o[1]))
             open_: list[tuple[float, str]] = []  # (end, op) of the operations enclosing this one
             for start, duration, op, name in ops:
                 while open_ and open_[-1][0] <= start:

@@ -45,6 +45,14 @@ def test_a_device_plane_is_read_before_the_host_and_its_ops_line_alone():
     assert kernels["custom-call.1"] == "sm90_xmma_gemm"
 
 
+def test_device_kernels_without_their_operation_count_by_kernel_name():
+    gpu = plane("/device:GPU:0", ("Stream #7(compute)", [event(None, 0, 40, "sm90_xmma_gemm_bf16"),
+                                                          event(None, 50, 10, "loop_add_fusion")]),
+                ("XLA Modules", [event(None, 0, 60, "jit_step")]))
+    times, _, _ = _xla_op_times(NS(planes=[gpu, plane("/host:CPU", ("python", [event(None, 0, 99)]))]))
+    assert times == pytest.approx({"sm90_xmma_gemm_bf16": 40e-9, "loop_add_fusion": 10e-9})
+
+
 def test_the_summary_is_per_step_and_keeps_the_largest_operations():
     times = {f"op{i}": float(i) for i in range(1, 21)}
     doc = summarize(times, {op: 4 for op in times}, {}, steps=2, wall_s=420.0, source="test")
