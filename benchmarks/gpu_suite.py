@@ -185,12 +185,18 @@ def _gib(x):
     return round(x / gpu_parts.GiB, 2) if isinstance(x, (int, float)) else None
 
 
+def _largest(res: dict) -> dict:
+    """The three largest buffers of XLA's plan where the case read it: what a miss is made of."""
+    plan = res.get("memory_plan")
+    return {} if not plan else {"largest_gib": [f"{v['shape']} {_gib(v['bytes'])}" for v in plan["largest_temps"][:3]]}
+
+
 def _case(res: dict) -> dict:
     if res.get("status") != "ok":
-        return {"status": res.get("status"), "plan_gib": _gib(res.get("plan_bytes"))}
+        return {"status": res.get("status"), "plan_gib": _gib(res.get("plan_bytes")), **_largest(res)}
     figures = {"tokens_per_s": _r(res.get("tokens_per_s"), 0), "mfu": _r(res.get("mfu")),
                "peak_gib": _gib(res.get("peak_bytes")), "compile_s": _r(res.get("compile_s"), 1),
-               "step_s": _r(res.get("step_s"))}
+               "step_s": _r(res.get("step_s")), **_largest(res)}
     if profile := res.get("profile"):  # where the step's time went: seconds a step by kind
         figures["profile"] = {"error": profile["error"]} if "error" in profile else {
             "busy_share": _r(profile["busy_share"]), **{k: _r(v, 4) for k, v in profile["by_kind_s"].items()}}
@@ -209,7 +215,8 @@ def brief(name: str, doc: dict | None) -> dict:
     elif name == "vision_tower":
         figures = [{"screenshots": r["screenshots"], "slots": r.get("slots"), "status": r.get("status"),
                     "peak_gib": _gib(r.get("peak_bytes")), "plan_gib": _gib(r.get("plan_bytes")),
-                    "step_s": _r(r.get("step_s")), "compile_s": _r(r.get("compile_s"), 1)} for r in rows]
+                    "step_s": _r(r.get("step_s")), "compile_s": _r(r.get("compile_s"), 1), **_largest(r)}
+                   for r in rows]
     elif name == "loss_kernel":
         figures = [{"case": f"{r['model']} x {r['tokens']}", "chunks": [r.get("chunk_tokens"), r.get("chunk_vocab")],
                     **{k: _r(r.get(k), 4) for k in ("naive_s", "fused_s", "fused_over_naive_s")},

@@ -21,7 +21,8 @@ memory_stats / torch max_memory_allocated; on CPU, XLA's memory analysis of our 
 step), compile time (first step minus a steady one; ours: plus the accumulate step's
 compile, done ahead so that XLA's memory plan is printed even when the step does not fit:
 `plan_bytes`). With `--profile`, two more steps of each are traced: where the time goes, by
-operation and kind (benchmarks/op_profile.py). The last line is JSON with every figure and the
+operation and kind (benchmarks/op_profile.py); with `--memory`, the largest buffers of XLA's
+plan of our step, printed before it runs (benchmarks/memory_plan.py). The last line is JSON with every figure and the
 machine.
 """
 
@@ -36,9 +37,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+from benchmarks import memory_plan
 from benchmarks.common import run_worker
 from benchmarks.op_profile import jax_ops, torch_ops
 from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
@@ -94,6 +97,7 @@ class Case:
     dtype: str
     remat: str
     profile: bool = False  # also trace two more steps: where the time goes, by operation (op_profile)
+    memory: bool = False  # also XLA's largest buffers of our step (memory_plan), printed before it runs
 
 
 # ---- ours -----------------------------------------------------------------------------
@@ -112,7 +116,7 @@ def synthetic_batch(config: Qwen25VLConfig, rows: int, length: int, seed: int = 
                       np.zeros((rows, 1), np.int32), np.ones((rows, 1), bool))
 
 
-def run_jax(case: Case) -> dict:
+def run_jax(case: Case, dump: Path | None = None) -> dict:
     import jax
     from flax import nnx
 
@@ -143,7 +147,7 @@ def run_jax(case: Case) -> dict:
     exe = fns.compile_accumulate(state.params, fns.accumulator_shapes(state.params, mb, rows), mb, rows)
     accumulate_compile = time.perf_counter() - start
     print(json.dumps({"device": jax.devices()[0].device_kind, "plan_bytes": xla_bytes(exe),
-                      "accumulate_compile_s": accumulate_compile}), flush=True)
+                      "accumulate_compile_s": accumulate_compile, **memory_plan.figures(dump)}), flush=True)
     start = time.perf_counter()
     state, metrics = step(state)
     jax.block_until_ready(metrics)
@@ -184,7 +188,7 @@ def xla_bytes(exe) -> int:
     return m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
 
 
-def compile_jax(case: Case) -> dict:
+def compile_jax(case: Case, dump: Path | None = None) -> dict:
     """Compile ours without running it (no parameter memory): XLA's memory analysis of the
     accumulate step (forward + backward) and the compile time, for shapes this host cannot run."""
     import jax
@@ -208,7 +212,7 @@ def compile_jax(case: Case) -> dict:
     m = exe.memory_analysis()
     return {"compile_s": time.perf_counter() - start, "temp_bytes": m.temp_size_in_bytes,
             "argument_bytes": m.argument_size_in_bytes, "peak_bytes": xla_bytes(exe),
-            "peak_source": "xla_memory_analysis"}
+            "peak_source": "xla_memory_analysis", **memory_plan.figures(dump)}
 
 
 # ---- transformers + torch -------------------------------------------------------------
@@ -287,13 +291,14 @@ def summarize(case: Case, res: dict, peak_tflops: float | None = None) -> dict:
 
 
 def measure_row(size: str, length: int, tokens_per_step: int, frameworks, *, steps: int, dtype: str,
-                remat: str, timeout, peak_tflops: float | None = None, profile: bool = False) -> dict:
+                remat: str, timeout, peak_tflops: float | None = None, profile: bool = False,
+                memory: bool = False) -> dict:
     """Every framework on one (size, length), each in its own process, and ours over theirs.
     `timeout()` gives the seconds the next case may take, or None to skip it; `profile` adds
-    each framework's time by operation."""
+    each framework's time by operation, `memory` the largest buffers of our step's plan."""
     row = {"size": size, "length": length, "rows": max(1, tokens_per_step // length)}
     for fw in frameworks:
-        case = Case(fw, size, length, row["rows"], steps, dtype, remat, profile)
+        case = Case(fw, size, length, row["rows"], steps, dtype, remat, profile, memory)
         limit = timeout()
         skipped = {"status": "skipped: out of time"}
         row[fw] = skipped if limit is None else summarize(case, measure(case, limit), peak_tflops)
@@ -327,13 +332,17 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, help="peak dense TFLOP/s of the device, for MFU where unknown")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per measurement")
     ap.add_argument("--profile", action="store_true", help="trace two more steps: time by operation")
+    ap.add_argument("--memory", action="store_true", help="XLA's largest buffers of our step's plan")
     ap.add_argument("--compile-only", action="store_true",
                     help="ours only, compiled not run: XLA's memory analysis and compile time")
     args = ap.parse_args()
     if args.worker:
         case = Case(**json.loads(args.worker))
-        run = {"jax": run_jax, "jax-compile": compile_jax, "torch": run_torch}[case.framework]
-        print(json.dumps(run(case)))
+        if case.framework == "torch":
+            print(json.dumps(run_torch(case)))
+        else:
+            run = {"jax": run_jax, "jax-compile": compile_jax}[case.framework]
+            print(json.dumps(memory_plan.run_dumping(run, case, case.memory)))
         return
     info = machine()
     small = info["backend"] == "cpu" and not args.compile_only  # compiling needs no device memory
@@ -348,7 +357,7 @@ def main() -> None:
         for length in lengths:
             row = measure_row(size, length, per_step, frameworks, steps=args.steps, dtype=dtype, remat=args.remat,
                               timeout=lambda: args.timeout, peak_tflops=args.peak_tflops,
-                              profile=args.profile)
+                              profile=args.profile, memory=args.memory)
             print(json.dumps(row), file=sys.stderr, flush=True)
             results.append(row)
     print(json.dumps({"benchmark": "train_step", "formula": FORMULA, "peak_flops": peak, "dtype": dtype,

@@ -25,9 +25,11 @@ import dataclasses
 import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
+from benchmarks import memory_plan
 from benchmarks.common import machine, run_worker
 from dart_jax.capacity.config import PlanConfig
 from dart_jax.models.config import Qwen25VLConfig, VisionConfig
@@ -51,6 +53,7 @@ class Case:
     remat: str = "full"
     attention: str = "auto"
     steps: int = 3
+    memory: bool = False  # also XLA's largest buffers of the plan (memory_plan), printed before it runs
 
 
 def geometry(case: Case) -> dict:
@@ -79,7 +82,7 @@ def tower_inputs(case: Case, seed: int = 0):
     return make_inputs(config, ids, pixel_values=pixels, image_grid_thw=[geo["grid_thw"]] * n)
 
 
-def run_case(case: Case) -> dict:
+def run_case(case: Case, dump: Path | None = None) -> dict:
     import jax
     import jax.numpy as jnp
     import optax
@@ -103,7 +106,8 @@ def run_case(case: Case) -> dict:
     exe = jax.jit(jax.value_and_grad(loss)).lower(params, *args).compile()
     compile_s = time.perf_counter() - start
     print(json.dumps({"device": jax.devices()[0].device_kind, "slots": int(inputs.pixel_values.shape[1]),
-                      "plan_bytes": xla_bytes(exe), "compile_s": compile_s}), flush=True)
+                      "plan_bytes": xla_bytes(exe), "compile_s": compile_s, **memory_plan.figures(dump)}),
+          flush=True)
     times = []
     for _ in range(case.steps + 1):
         start = time.perf_counter()
@@ -146,7 +150,8 @@ def main() -> None:
     ap.add_argument("--dry", action="store_true", help="a two-block tower on small screens")
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(run_case(Case(**json.loads(args.worker)))))
+        case = Case(**json.loads(args.worker))
+        print(json.dumps(memory_plan.run_dumping(run_case, case, case.memory)))
         return
     todo = cases(args.dry, [int(n) for n in args.screenshots.split(",")], args.remat, args.attention)
     results = measure(todo, lambda: args.timeout)

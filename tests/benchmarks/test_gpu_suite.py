@@ -64,6 +64,10 @@ def test_the_train_part_has_both_frameworks_figures(dry):
         assert profile["top"] and sum(profile["by_kind_s"].values()) == pytest.approx(profile["busy_s"])
     summary = dry[1]["parts"]["train_step"]["figures"][0]
     assert set(summary["jax"]["profile"]) >= {"busy_share", *row["jax"]["profile"]["by_kind_s"]}
+    plan = row["jax"]["memory_plan"]  # the case that must fit: what XLA's plan of our step holds
+    assert plan["module"].endswith("after_optimizations") and plan["temp_bytes"] > 0 and plan["parameter_bytes"] > 0
+    assert plan["largest_temps"][0]["bytes"] == max(v["bytes"] for v in plan["largest_temps"])
+    assert len(summary["jax"]["largest_gib"]) == 3
     targets = doc["targets"]
     assert len(targets) == 3
     assert targets["MFU, micro at 256 tokens"] == {"value": None, "target": ">= 0.45", "met": None}  # no CPU peak
@@ -78,6 +82,7 @@ def test_the_vision_part_runs_five_screenshots_and_one(dry):
         assert r["status"] == "ok" and r["peak_bytes"] > 0 and r["step_s"] > 0 and r["compile_s"] > 0, r
         assert r["grid_thw"] == [1, 18, 32] and r["tokens"] == 144
     assert five["slots"] == 5 * one["slots"]
+    assert five["memory_plan"]["largest_temps"] and "memory_plan" not in one  # the target's case alone
     assert five["peak_bytes"] > one["peak_bytes"]
     assert doc["targets"]["peak GiB, 5 screenshots"]["met"] is True
 
