@@ -28,6 +28,7 @@ from dart_jax.config.schema import RunConfig
 from dart_jax.data.config import TaskEntry, TaskSourceConfig
 from dart_jax.data.service import DataManager
 from dart_jax.models.hf_io import read_config
+from dart_jax.run.launchers.groups import kill_group
 from dart_jax.rundir import RunDir
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.wire import Client, Server, WireConfig
@@ -110,7 +111,7 @@ class LocalStack:
     def kill_worker(self, worker_id: str) -> None:
         """SIGKILL the worker and everything it started (its vLLM engine processes)."""
         proc = self.workers.pop(worker_id)
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         proc.wait()
 
     def stop_worker(self, worker_id: str, grace_s: float = 30.0) -> int:
@@ -119,7 +120,7 @@ class LocalStack:
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid)
             proc.wait()
         return proc.returncode
 

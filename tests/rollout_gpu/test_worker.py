@@ -9,6 +9,7 @@ the log-probs far beyond the parity bound.
 
 import dataclasses
 import json
+import os
 import threading
 import time
 
@@ -21,6 +22,7 @@ from dart_jax.config.schema import RunConfig
 from dart_jax.config import apply_overrides, from_dict, to_dict
 from dart_jax.models import hf_io
 from dart_jax.models.tiny import make_tiny_hf_dir
+from dart_jax.run.launchers.groups import group_pids, mapped_segments
 from dart_jax.testing.stack import LocalStack
 from dart_jax.train.batch import BucketSpec
 from dart_jax.train.collate import Collator
@@ -220,7 +222,9 @@ def test_a_killed_worker_loses_nothing_acknowledged_and_its_assignments_return(s
     time.sleep(2)  # mid-episode: four episodes are always in flight
     before = {a.id: a for a in sched._assignments.values() if a.worker_id == "w0"}
     assert before, "the worker holds assignments"
+    held = mapped_segments(group_pids(system.workers["w0"].pid))  # its vLLM engine's ring buffers
     system.kill_worker("w0")
+    assert held and not [p for p in held if os.path.exists(p)], "a SIGKILL leaves no shared memory behind"
     acked = [json.loads(line)["traj"] for line in
              system.run.metrics_path("rollout-w0").read_text().splitlines() if '"traj"' in line]
     assert set(acked) <= {t.traj_id for t in system.trajectories()}

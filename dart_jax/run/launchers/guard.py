@@ -22,6 +22,8 @@ import signal
 import subprocess
 import sys
 
+from dart_jax.run.launchers.groups import kill_group
+
 PR_SET_PDEATHSIG = 1
 KILL_NOW = signal.SIGUSR1
 WATCH_S = 0.5
@@ -42,15 +44,15 @@ def run(parent: int, argv: list[str]) -> int:
     # safe here (single-threaded): preexec_fn is not, in a threaded process such as an actor
     role = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
     signal.signal(signal.SIGTERM, lambda *_: _killpg(role.pid, signal.SIGTERM))
-    signal.signal(KILL_NOW, lambda *_: _killpg(role.pid, signal.SIGKILL))
+    signal.signal(KILL_NOW, lambda *_: kill_group(role.pid))
     while True:
         try:
             code = role.wait(WATCH_S)
             break
         except subprocess.TimeoutExpired:
             if os.getppid() != parent:  # the actor is gone
-                _killpg(role.pid, signal.SIGKILL)
-    _killpg(role.pid, signal.SIGKILL)  # what the role left behind
+                kill_group(role.pid)
+    kill_group(role.pid)  # what the role left behind
     return code
 
 

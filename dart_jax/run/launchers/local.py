@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
+from dart_jax.run.launchers.groups import kill_group
+
 
 COMMANDS = {"data-manager": "data-manager", "env-server": "env-server", "rollout": "rollout", "trainer": "train"}
 
@@ -64,11 +66,11 @@ class LocalProcess:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self.kill()
-        self._signal(signal.SIGKILL)  # children that outlived their parent
+        kill_group(self.pid)  # children that outlived their parent
         return self.proc.returncode
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
+        kill_group(self.pid)
         self.proc.wait()
 
     def _signal(self, sig: int) -> None:

@@ -1,0 +1,77 @@
+"""SIGKILL a role's process group without leaking the shared memory it held.
+
+    kill_group(pgid)   # SIGKILL every process of the group; unlink the segments it orphaned
+
+A vLLM engine's processes talk through ring buffers in /dev/shm (Python's
+`multiprocessing.shared_memory`, named `psm_<hex>`, 160-240 MiB each). Their creator unlinks
+them on a clean stop, and Python's resource tracker on a crash; a SIGKILL of the whole group
+takes the tracker too, so every kill of a rollout worker would leave its buffers behind for
+the life of the machine. Before the kill this reads which such segments the group's
+processes map (/proc/PID/maps); once the group is gone, each that no live process maps any
+more is unlinked. Only `psm_` segments: the trainer's weight regions (`dart-jax-*`) outlive
+a reader by design and reclaim themselves (dart_jax.wire.shm). Linux only; elsewhere it is a
+plain killpg.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+SEGMENT_PREFIX = "/dev/shm/psm_"
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`."""
+    return [pid for pid, group, state in _processes() if group == pgid and state != "Z"]
+
+
+def _processes() -> list[tuple[int, int, str]]:
+    """(pid, process group, state) of every process this one can see."""
+    out = []
+    for entry in PROC.glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+        out.append((int(entry.name), int(fields[2]), fields[0]))
+    return out
+
+
+def mapped_segments(pids) -> set[str]:
+    """The `psm_` segments in /dev/shm that these processes map."""
+    found = set()
+    for pid in pids:
+        try:
+            maps = (PROC / str(pid) / "maps").read_text()
+        except OSError:
+            continue
+        found.update(line.split(maxsplit=5)[5] for line in maps.splitlines()
+                     if SEGMENT_PREFIX in line and not line.endswith("(deleted)"))
+    return found
+
+
+def kill_group(pgid: int, wait_s: float = 5.0) -> list[str]:
+    """SIGKILL process group `pgid`, wait up to `wait_s` for it to die, then unlink the
+    segments it mapped that no live process maps now. Returns those unlinked."""
+    held = mapped_segments(group_pids(pgid)) if PROC.is_dir() else set()
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + wait_s
+    while held and group_pids(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not held or group_pids(pgid):
+        return []  # nothing held, or the group outlived the wait: leave its segments alone
+    orphaned = sorted(held - mapped_segments(pid for pid, _, _ in _processes()))
+    for path in orphaned:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return orphaned
