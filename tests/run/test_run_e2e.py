@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dart_jax.run.launchers.groups import group_pids, mapped_segments
 from tests.stores import content_duplicates, stored_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -56,13 +57,15 @@ def _version(run: Path) -> int:
     return max((json.loads(line).get("policy/version", 0) for line in lines), default=0)
 
 
-def _kill_when(run: Path, proc, version: int, role: str) -> int:
-    """SIGKILL `role` once the trainer published `version`; returns the trainer's last step then."""
+def _kill_when(run: Path, proc, version: int, role: str, held: set[str]) -> int:
+    """SIGKILL `role` once the trainer published `version`, adding the shared memory its group
+    mapped to `held`; returns the trainer's last step then."""
     deadline = time.monotonic() + 900
     while _version(run) < version:
         assert proc.poll() is None, f"the run ended early: {proc.stderr.read()[-3000:]}"
         assert time.monotonic() < deadline, f"no version {version} in 900 s"
         time.sleep(1)
+    held |= mapped_segments(group_pids(_role_pid(run, role)))
     os.killpg(_role_pid(run, role), signal.SIGKILL)  # the role and its children (a worker's engine)
     return max(json.loads(line)["step"] for line in (run / "metrics" / "trainer.jsonl").read_text().splitlines())
 
@@ -77,9 +80,10 @@ def test_the_whole_loop_survives_each_role_killed_once(tmp_path):
     run = tmp_path / "e2e"
     proc = subprocess.Popen([sys.executable, "-m", "dart_jax.cli", "run", "configs/rl.yaml", *_overrides(tmp_path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    held: set[str] = set()
     try:
         for version, role in ((1, "env-server"), (2, "rollout"), (3, "data-manager"), (4, "trainer")):
-            last_step = _kill_when(run, proc, version, role)
+            last_step = _kill_when(run, proc, version, role, held)
         out, err = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
@@ -90,6 +94,8 @@ def test_the_whole_loop_survives_each_role_killed_once(tmp_path):
     assert summary["rl_steps"] == STEPS and summary["policy_versions"] >= STEPS
     assert summary["restarts"] == {"env-server": 1, "rollout": 1, "data-manager": 1, "trainer": 1}
     assert all(Path(p).stat().st_size > 10_000 for p in summary["plots"])
+    # the killed worker's vLLM ring buffers did not outlive it (the launcher's SegmentLedger)
+    assert held and not [p for p in held if Path(p).exists()], held
     # the killed trainer resumed from its last checkpoint (one a step), not from step 0: at the
     # step it last logged or, if that save was still in flight, the one before; and it went on
     # from there (every step logged after the restart comes after it)

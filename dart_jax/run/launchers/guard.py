@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 
-from dart_jax.run.launchers.groups import kill_group
+from dart_jax.run.launchers.groups import SegmentLedger
 
 PR_SET_PDEATHSIG = 1
 KILL_NOW = signal.SIGUSR1
@@ -43,16 +43,18 @@ def _killpg(pgid: int, sig: int) -> None:
 def run(parent: int, argv: list[str]) -> int:
     # safe here (single-threaded): preexec_fn is not, in a threaded process such as an actor
     role = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
+    segments = SegmentLedger(role.pid)  # its group's shared memory, for a group killed from outside
     signal.signal(signal.SIGTERM, lambda *_: _killpg(role.pid, signal.SIGTERM))
-    signal.signal(KILL_NOW, lambda *_: kill_group(role.pid))
+    signal.signal(KILL_NOW, lambda *_: segments.kill())
     while True:
         try:
             code = role.wait(WATCH_S)
             break
         except subprocess.TimeoutExpired:
+            segments.note()
             if os.getppid() != parent:  # the actor is gone
-                kill_group(role.pid)
-    kill_group(role.pid)  # what the role left behind
+                segments.kill()
+    segments.kill()  # what the role left behind, in its group and in /dev/shm
     return code
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from dart_jax.run.launchers.groups import kill_group
+from dart_jax.run.launchers.groups import SegmentLedger
 
 
 COMMANDS = {"data-manager": "data-manager", "env-server": "env-server", "rollout": "rollout", "trainer": "train"}
@@ -54,9 +54,15 @@ class LocalProcess:
             self.proc = subprocess.Popen(instance.argv(), stdout=out, stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         self.pid = self.proc.pid
+        self.segments = SegmentLedger(self.pid)
 
     def exit_code(self) -> int | None:
-        return self.proc.poll()
+        """None while it runs; the supervisor asks every round, and each answer also notes
+        (every few seconds) the shared memory its group maps, for the kill that ends it."""
+        code = self.proc.poll()
+        if code is None:
+            self.segments.note()
+        return code
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM the instance's process group; SIGKILL what is left after `grace_s`."""
@@ -66,11 +72,11 @@ class LocalProcess:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self.kill()
-        kill_group(self.pid)  # children that outlived their parent
+        self.segments.kill()  # children that outlived their parent, and what the group left in /dev/shm
         return self.proc.returncode
 
     def kill(self) -> None:
-        kill_group(self.pid)
+        self.segments.kill()
         self.proc.wait()
 
     def _signal(self, sig: int) -> None:

@@ -1,6 +1,8 @@
 """A SIGKILLed process group leaves no shared memory behind that it alone held: the way a
 killed rollout worker's vLLM engine would leave its ring buffers in /dev/shm for good."""
 
+import os
+import signal
 import subprocess
 import sys
 from multiprocessing import shared_memory
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dart_jax.run.launchers.groups import group_pids, kill_group, mapped_segments
+from dart_jax.run.launchers.groups import SegmentLedger, group_pids, kill_group, mapped_segments
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir() or not Path("/proc").is_dir(), reason="Linux only")
 
@@ -61,3 +63,14 @@ def test_a_group_that_is_already_gone_is_no_error():
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     proc.wait()
     assert kill_group(proc.pid) == []
+
+
+def test_a_group_killed_from_outside_is_cleaned_after_from_what_was_noted():
+    proc, name = start_group()
+    ledger = SegmentLedger(proc.pid, every_s=0.0)
+    ledger.note()  # as the supervisor's rounds do while the role runs
+    os.killpg(proc.pid, signal.SIGKILL)  # `kill -9 -PGID`, not through the launcher
+    proc.wait()
+    assert Path(f"/dev/shm/{name}").exists()  # what a plain kill leaves
+    assert ledger.kill() == [f"/dev/shm/{name}"]
+    assert not Path(f"/dev/shm/{name}").exists() and ledger.seen == set()
