@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,17 +31,16 @@ _VALUE = re.compile(r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=\d+\): (.*
 def dumping() -> Iterator[Path]:
     """XLA dumps every module this process compiles from here on into a temporary directory,
     removed at the end. XLA reads its flags when the backend starts: enter before that."""
-    path = Path(tempfile.mkdtemp(prefix="xla_dump_"))
     before = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = f"{before or ''} --xla_dump_to={path} --xla_dump_hlo_as_text".strip()
-    try:
-        yield path
-    finally:
-        if before is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = before
-        shutil.rmtree(path, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="xla_dump_") as path:
+        os.environ["XLA_FLAGS"] = f"{before or ''} --xla_dump_to={path} --xla_dump_hlo_as_text".strip()
+        try:
+            yield Path(path)
+        finally:
+            if before is None:
+                os.environ.pop("XLA_FLAGS", None)
+            else:
+                os.environ["XLA_FLAGS"] = before
 
 
 def parse(text: str) -> dict:

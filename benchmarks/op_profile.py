@@ -36,15 +36,16 @@ def summarize(times: dict[str, float], counts: dict[str, int], kernels: dict[str
               wall_s: float, source: str) -> dict:
     """Per step: wall time, busy time (the operations' sum), seconds by kind, the top operations."""
     busy = sum(times.values())
+    kinds = {op: kind(op, kernels.get(op, "")) for op in times}
     by_kind: dict[str, float] = collections.Counter()
     for op, s in times.items():
-        by_kind[kind(op, kernels.get(op, ""))] += s
+        by_kind[kinds[op]] += s
     top = sorted(times, key=times.get, reverse=True)[:TOP]
     return {
         "source": source, "steps": steps, "wall_s": wall_s / steps, "busy_s": busy / steps,
         "busy_share": busy / wall_s if wall_s else None,
         "by_kind_s": {k: v / steps for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
-        "top": [{"op": op, "kernel": kernels.get(op, ""), "kind": kind(op, kernels.get(op, "")),
+        "top": [{"op": op, "kernel": kernels.get(op, ""), "kind": kinds[op],
                  "s": times[op] / steps, "calls": counts[op] // steps,
                  "share": times[op] / busy if busy else None} for op in top],
     }

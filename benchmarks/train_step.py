@@ -22,8 +22,8 @@ step), compile time (first step minus a steady one; ours: plus the accumulate st
 compile, done ahead so that XLA's memory plan is printed even when the step does not fit:
 `plan_bytes`). With `--profile`, two more steps of each are traced: where the time goes, by
 operation and kind (benchmarks/op_profile.py); with `--memory`, the largest buffers of XLA's
-plan of our step, printed before it runs (benchmarks/memory_plan.py). The last line is JSON with every figure and the
-machine.
+plan of our step, printed before it runs (benchmarks/memory_plan.py). The last line is JSON
+with every figure and the machine.
 """
 
 from __future__ import annotations

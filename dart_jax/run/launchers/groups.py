@@ -11,9 +11,8 @@ the life of the machine. Before the kill this reads which such segments the grou
 processes map (/proc/PID/maps); once the group is gone, each that no live process maps any
 more is unlinked. A SegmentLedger also remembers what the group mapped while it ran, for a
 group that died before the kill (killed from outside, or its engine alone by the OOM killer).
-Only `psm_` segments: the trainer's weight regions (`dart-jax-*`) outlive
-a reader by design and reclaim themselves (dart_jax.wire.shm). Linux only; elsewhere it is a
-plain killpg.
+Only `psm_` segments: the trainer's weight regions (`dart-jax-*`) outlive a reader by design
+and reclaim themselves (dart_jax.wire.shm). Linux only; elsewhere it is a plain killpg.
 """
 
 from __future__ import annotations
