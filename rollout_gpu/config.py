@@ -73,12 +73,28 @@ class EngineConfig:
         return max(CPU_KV_CACHE_MB * 2**20, kv_bytes_per_token * self.max_model_len) if on_cpu else None
 
     def check_kv_cache(self, kv_bytes_per_token: int, model: str) -> None:
-        """Refuse an explicit KV cache that cannot hold one `max_model_len` sequence of `model`."""
+        """Refuse an explicit KV cache that cannot hold one `max_model_len` sequence of `model`
+        (`kv_bytes_per_token` is per device: `kv_bytes_per_token(..., tensor_parallel_size)`)."""
         need = kv_bytes_per_token * self.max_model_len
         if self.kv_cache_mb and self.kv_cache_mb * 2**20 < need:
             raise ValueError(f"rollout.engine.kv_cache_mb {self.kv_cache_mb} holds {self.kv_cache_mb * 2**20 // kv_bytes_per_token} "
                              f"tokens of {model}; max_model_len {self.max_model_len} needs {-(-need // 2**20)} MiB "
                              "(set kv_cache_mb: 0 to size it per platform)")
+
+
+    def check_shadow(self, weight_bytes: int, device_bytes: int) -> None:
+        """Refuse `load: shadow` on a GPU whose memory cannot hold vLLM's budget
+        (`gpu_memory_utilization` of it) plus the shadow's copy of this device's weights: the
+        copy lives outside the budget, so every update would fail for memory."""
+        if self.load != "shadow":
+            return
+        copy = weight_bytes // self.tensor_parallel_size
+        budget = int(self.gpu_memory_utilization * device_bytes)
+        if budget + copy > device_bytes:
+            raise ValueError(f"load: shadow keeps a second copy of the weights ({copy / 2**30:.1f} GiB a device) "
+                             f"outside vLLM's budget of {budget / 2**30:.1f} GiB (gpu_memory_utilization "
+                             f"{self.gpu_memory_utilization}) on a {device_bytes / 2**30:.1f} GiB device: use "
+                             f"load: inplace, or gpu_memory_utilization <= {(device_bytes - copy) / device_bytes:.2f}")
 
 
 CPU_KV_CACHE_MB = 256
@@ -93,13 +109,16 @@ def policy_hf_config(*candidates: str) -> dict | None:
     return None
 
 
-def kv_bytes_per_token(hf_config: dict, dtype: str) -> int:
-    """Bytes of K and V one token takes in every decoder layer (Qwen2 text config)."""
+def kv_bytes_per_token(hf_config: dict, dtype: str, tensor_parallel_size: int = 1) -> int:
+    """Bytes of K and V one token takes in every decoder layer on one device (Qwen2 text
+    config): tensor parallelism splits the KV heads over the devices (vLLM keeps at least one
+    a device, replicating them when there are fewer heads than devices)."""
     text = hf_config.get("text_config", hf_config)
     heads = text["num_attention_heads"]
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
     size = 4 if dtype == "float32" else 2
-    return 2 * text["num_hidden_layers"] * text.get("num_key_value_heads", heads) * head_dim * size
+    kv_heads = max(1, text.get("num_key_value_heads", heads) // tensor_parallel_size)
+    return 2 * text["num_hidden_layers"] * kv_heads * head_dim * size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,8 +111,11 @@ def engine_args(hf_dir: str | Path, cfg: EngineConfig):
     which CPU generators cannot do (`CPU Generator does not use offset` kills the engine);
     evaluation seeds its requests."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    kv_per_token = kv_bytes_per_token(json.loads((Path(hf_dir) / "config.json").read_text()), cfg.dtype)
+    hf_config = json.loads((Path(hf_dir) / "config.json").read_text())
+    kv_per_token = kv_bytes_per_token(hf_config, cfg.dtype, cfg.tensor_parallel_size)
     cfg.check_kv_cache(kv_per_token, str(hf_dir))
+    if not _on_cpu():
+        cfg.check_shadow(weight_bytes(hf_dir, cfg.dtype), _device_bytes())
     return AsyncEngineArgs(
         enable_chunked_prefill=not _on_cpu(),
         model=str(hf_dir), dtype=cfg.dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,
@@ -263,6 +266,17 @@ def _sample(completion, submitted: int) -> Sample:
     versions = {s.version for s in completion.weight_versions or [] if s.end > s.start}
     return Sample(text=completion.text, token_ids=ids, logprobs=logprobs, policy_version=submitted,
                   straddles_update=bool(versions - {str(submitted)}))
+
+
+def weight_bytes(hf_dir: str | Path, dtype: str) -> int:
+    """The bytes the policy's weights take in the engine's dtype (every tensor, all devices)."""
+    size = 4 if dtype == "float32" else 2
+    return sum(int(np.prod(shape)) for shape in checkpoint_tensors(hf_dir).values()) * size
+
+
+def _device_bytes() -> int:
+    import torch
+    return torch.cuda.mem_get_info()[1]
 
 
 def _on_cpu() -> bool:

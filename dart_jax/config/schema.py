@@ -75,7 +75,7 @@ class RunConfig:
                              f"{self.rollout.engine.dtype}: the engine loads what travels")
         if (hf := policy_hf_config(self.policy.hf_dir, self.plan.model_config)) is not None:
             engine = self.rollout.engine
-            engine.check_kv_cache(kv_bytes_per_token(hf, engine.dtype), self.policy.hf_dir or self.plan.model_config)
+            engine.check_kv_cache(kv_bytes_per_token(hf, engine.dtype, engine.tensor_parallel_size), self.policy.hf_dir or self.plan.model_config)
         check_hosts(self)
 
 

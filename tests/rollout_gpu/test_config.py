@@ -50,3 +50,26 @@ def test_configs_that_would_not_be_exact_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load(RunConfig, V5P, overrides)
     assert load(RunConfig, V5P, ["rollout.engine.load=inplace", "rollout.engine.enforce_eager=false"])
+
+
+def test_tensor_parallelism_splits_the_kv_heads_over_the_devices():
+    one = kv_bytes_per_token(QWEN_7B, "bfloat16")
+    assert kv_bytes_per_token(QWEN_7B, "bfloat16", 2) == one // 2  # 2 of the 4 KV heads a device
+    assert kv_bytes_per_token(QWEN_7B, "bfloat16", 8) == one // 4  # fewer heads than devices: one each
+    # 32k at TP 2 needs 896 MiB a device: 1024 MiB is enough there, not on one device
+    assert load(RunConfig, V5P, ["rollout.engine.tensor_parallel_size=2", "rollout.engine.kv_cache_mb=1024"])
+    with pytest.raises(ConfigError, match="kv_cache_mb 1024 holds 18724 tokens"):
+        load(RunConfig, V5P, ["rollout.engine.kv_cache_mb=1024"])
+
+
+GIB = 2**30
+
+
+def test_shadow_loading_on_a_gpu_needs_room_for_a_second_copy_of_the_weights():
+    weights = int(16.6e9)  # 7B in bf16
+    with pytest.raises(ValueError, match=r"second copy of the weights \(15.5 GiB a device\).*<= 0.81"):
+        EngineConfig(load="shadow").check_shadow(weights, 80 * GIB)  # 0.85 x 80 + 15.5 > 80
+    EngineConfig(load="shadow", gpu_memory_utilization=0.7).check_shadow(weights, 80 * GIB)
+    EngineConfig(load="shadow", tensor_parallel_size=2).check_shadow(weights, 80 * GIB)  # 7.7 GiB a device
+    EngineConfig(load="inplace").check_shadow(weights, 80 * GIB)  # no copy
+    EngineConfig().check_shadow(weights, 80 * GIB)  # auto is inplace on a GPU
