@@ -19,6 +19,7 @@ from dart_jax.capacity.config import PlanConfig
 from dart_jax.data.config import DataManagerConfig, TasksConfig
 from dart_jax.eval.config import EvalConfig
 from dart_jax.run.config import PolicySection, RunSection
+from dart_jax.run.devices import check_devices
 from dart_jax.run.launchers.config import TPUConfig
 from dart_jax.train.config import SFTConfig, TrainerConfig, TrainRunConfig
 from dart_jax.wire import WireConfig
@@ -77,6 +78,7 @@ class RunConfig:
             engine = self.rollout.engine
             engine.check_kv_cache(kv_bytes_per_token(hf, engine.dtype, engine.tensor_parallel_size), self.policy.hf_dir or self.plan.model_config)
         check_hosts(self)
+        check_devices(self.run.placement, self.rollout.engine.tensor_parallel_size)
 
 
 # link -> (the section key of its endpoint, its server's role, its clients' roles)

@@ -35,6 +35,7 @@ from dart_jax.rundir import RunDir
 from dart_jax.run.launchers.local import Instance, LocalLauncher, Process
 from dart_jax.config.schema import RunConfig
 from dart_jax.run.config import RoleSpec
+from dart_jax.run.devices import instance_env
 from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.messages import Ping
 
@@ -90,6 +91,14 @@ def instance_configs(cfg: RunConfig, role: str, count: int, hosts: dict[str, str
                                                                  env_servers=servers)) for i in range(count)]
 
 
+def with_memory_fraction(cfg: RunConfig, spec: RoleSpec) -> RunConfig:
+    """A rollout row's `memory_fraction`, when said, as its engine's share of each device."""
+    if spec.role != "rollout" or not spec.memory_fraction:
+        return cfg
+    engine = dataclasses.replace(cfg.rollout.engine, gpu_memory_utilization=spec.memory_fraction)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine=engine))
+
+
 def _reachable(wire: WireConfig, host: str | None) -> WireConfig:
     if host is None or not wire.endpoint.startswith("tcp://0.0.0.0:"):
         return wire
@@ -129,14 +138,15 @@ class Supervisor:
         roles = set(roles)
         for spec in sorted((s for s in cfg.run.placement if s.role in roles), key=lambda s: ORDER.index(s.role)):
             hosts = {e: h or self.this_host() for e, h in self.hosts.items() if e.startswith("tcp://0.0.0.0:")}
+            tp = cfg.rollout.engine.tensor_parallel_size
             for i, icfg in enumerate(instance_configs(cfg, spec.role, spec.count, hosts)):
                 name = spec.role if spec.count == 1 else f"{spec.role}-{i}"
                 config = self.run.root / "roles" / f"{name}.yaml"
                 config.parent.mkdir(exist_ok=True)
-                config.write_text(dump(icfg))
+                config.write_text(dump(with_memory_fraction(icfg, spec)))
                 ping = icfg.data.wire if spec.role == "data-manager" else icfg.envs.wire if spec.role == "env-server" else None
-                member = Member(Instance(name, spec.role, config, self.run.log_path(f"{name}.out"), extra_args), spec,
-                                ping, index=i)
+                member = Member(Instance(name, spec.role, config, self.run.log_path(f"{name}.out"), extra_args,
+                                         env=instance_env(spec, i, tp)), spec, ping, index=i)
                 self._launch(member)
                 self.members.append(member)
                 if member.ping is not None:

@@ -34,6 +34,7 @@ class Instance:
     config: Path
     log: Path
     extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # on top of the supervisor's (its devices)
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "dart_jax.cli", COMMANDS[self.role], str(self.config), *self.extra_args]
@@ -52,7 +53,8 @@ class LocalProcess:
         instance.log.parent.mkdir(parents=True, exist_ok=True)
         with open(instance.log, "ab") as out:
             self.proc = subprocess.Popen(instance.argv(), stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **instance.env},
+                                         start_new_session=True)
         self.pid = self.proc.pid
         self.segments = SegmentLedger(self.pid)
 
