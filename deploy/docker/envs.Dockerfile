@@ -1,10 +1,11 @@
 # dart-jax-envs: an env server host (MiniWoB++ in Debian's Chromium, the synthetic suite): no JAX, no torch.
 #   docker build -f deploy/docker/envs.Dockerfile -t dart-jax-envs .     (from the repository root)
 FROM python:3.11.11-slim-bookworm
-ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HOME=/home/dart XDG_CACHE_HOME=/home/dart/.cache \
     MINIWOB_CHROME_BINARY=/usr/bin/chromium MINIWOB_CHROMEDRIVER=/usr/bin/chromedriver
 RUN apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver \
     && rm -rf /var/lib/apt/lists/*
+RUN useradd --create-home --uid 1000 --user-group dart
 WORKDIR /opt/dart-jax
 COPY requirements/lock-cpu.txt lock.txt
 COPY pyproject.toml README.md ./
@@ -12,4 +13,4 @@ COPY dart_jax dart_jax
 COPY rollout_gpu rollout_gpu
 COPY envs envs
 RUN pip install --constraint lock.txt ".[envs]"
-USER 1000
+USER dart

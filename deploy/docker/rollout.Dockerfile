@@ -1,13 +1,24 @@
-# dart-jax-rollout: a GPU rollout worker (vLLM's CUDA build of the release whose CPU build is
-# tested, its torch and CUDA libraries from the registry's wheels; the node gives the driver): no JAX.
+# dart-jax-rollout: a GPU rollout worker: vLLM's CUDA build (the release whose CPU build is
+# tested), torch and the CUDA 13 libraries from the registry's wheels under the GPU lock; the
+# node gives the driver (R580 or newer for CUDA 13). No JAX.
 #   docker build -f deploy/docker/rollout.Dockerfile -t dart-jax-rollout .     (from the repository root)
+# A C compiler is in the image: Triton builds its driver stub at first use and FlashInfer's JIT
+# needs nvcc's host compiler. vLLM's, Triton's, FlashInfer's and Hugging Face's caches go to
+# /cache, a volume the user `dart` owns (mount one that persists to keep compiled kernels).
 FROM python:3.11.11-slim-bookworm
-ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HOME=/home/dart XDG_CACHE_HOME=/cache \
+    VLLM_CACHE_ROOT=/cache/vllm TRITON_CACHE_DIR=/cache/triton FLASHINFER_WORKSPACE_BASE=/cache/flashinfer \
+    HF_HOME=/cache/huggingface
+RUN apt-get -o DPkg::Lock::Timeout=300 update \
+    && apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+RUN useradd --create-home --uid 1000 --user-group dart && install -d -o dart -g dart /cache
 WORKDIR /opt/dart-jax
-COPY requirements/lock-cpu.txt lock.txt
+COPY requirements/lock-gpu.txt lock.txt
 COPY pyproject.toml README.md ./
 COPY dart_jax dart_jax
 COPY rollout_gpu rollout_gpu
 COPY envs envs
 RUN pip install --constraint lock.txt ".[rollout]"
-USER 1000
+VOLUME /cache
+USER dart

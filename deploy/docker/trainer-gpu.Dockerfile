@@ -1,13 +1,23 @@
-# dart-jax-gpu: the trainer on GPU hosts: jax[cuda12] (its CUDA libraries from the registry's
-# wheels; the node gives the driver), and vLLM for a rollout worker on the same box.
+# dart-jax-gpu: the trainer on GPU hosts: jax[cuda13] and vLLM for a rollout worker on the same
+# box, one CUDA stack (13) from the registry's wheels under the GPU lock; the node gives the
+# driver (R580 or newer).
 #   docker build -f deploy/docker/trainer-gpu.Dockerfile -t dart-jax-gpu .     (from the repository root)
+# A C compiler is in the image (Triton, FlashInfer's JIT); JAX's compilation cache and vLLM's,
+# Triton's, FlashInfer's and Hugging Face's caches go to /cache, a volume the user `dart` owns.
 FROM python:3.11.11-slim-bookworm
-ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HOME=/home/dart XDG_CACHE_HOME=/cache \
+    VLLM_CACHE_ROOT=/cache/vllm TRITON_CACHE_DIR=/cache/triton FLASHINFER_WORKSPACE_BASE=/cache/flashinfer \
+    HF_HOME=/cache/huggingface JAX_COMPILATION_CACHE_DIR=/cache/jax
+RUN apt-get -o DPkg::Lock::Timeout=300 update \
+    && apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+RUN useradd --create-home --uid 1000 --user-group dart && install -d -o dart -g dart /cache
 WORKDIR /opt/dart-jax
-COPY requirements/lock-cpu.txt lock.txt
+COPY requirements/lock-gpu.txt lock.txt
 COPY pyproject.toml README.md ./
 COPY dart_jax dart_jax
 COPY rollout_gpu rollout_gpu
 COPY envs envs
 RUN pip install --constraint lock.txt ".[gpu]"
-USER 1000
+VOLUME /cache
+USER dart

@@ -33,7 +33,7 @@ CONFIG, LOG, PID = "run.yaml", "train.log", "train.pid"
 LOCK = "lock.txt"
 INSTALL, LAUNCH = "install.sh", "launch.sh"
 CHECKOUT = Path(__file__).resolve().parents[3]
-LOCK_SOURCE = Path("requirements/lock-cpu.txt")  # the versions tested together, as constraints
+LOCK_SOURCE = Path("requirements/lock-tpu.txt")  # the TPU hosts' lock (scripts/compile_locks.sh), as constraints
 
 
 @dataclasses.dataclass(frozen=True)

@@ -184,7 +184,7 @@ def test_submit_ships_creates_polls_installs_launches_follows(tmp_path, monkeypa
     assert tpu.main("submit", cfg, "c.yaml", dump(cfg), env=fake.env()) == 0
     ship = Path(".dart-jax/tpu/r")
     assert load(RunConfig, ship / "run.yaml") == cfg  # the resolved config that travels to every worker
-    assert (ship / "lock.txt").read_text() == (ROOT / "requirements/lock-cpu.txt").read_text()
+    assert (ship / "lock.txt").read_text() == (ROOT / "requirements/lock-tpu.txt").read_text()  # the TPU hosts' lock
     assert (ship / "install.sh").read_text() == remote.install_script(cfg.tpu, remote.wheel_name())
     steps = tpu.submit_steps(cfg.tpu, ship)
     assert [s.kind for s in steps] == ["ship", "run", "poll", "run", "run", "run", "run", "follow"]
