@@ -2,7 +2,7 @@
 under the same generation load.
 
     .venv/bin/python -m benchmarks.weight_sync [--size 0.5b|tiny] [--streams 4] [--load auto|shadow|inplace]
-                                               [--share-memory on|off]
+                                               [--share-memory on|off] [--updates 10]
 
 A generated Qwen2.5-VL-shaped policy (about 0.5B parameters, fp32, 2.02 GB). The trainer
 side runs in its own process, as in a deployment: the Flax policy and the weight publisher.
@@ -10,13 +10,20 @@ This process runs a vLLM engine (CPU build) with `--streams` requests generating
 throughout, in the pause mode the configs use (`rollout.engine.pause`), and follows the
 publisher as a rollout worker does, on the trainer's machine as in `configs/local.yaml`:
 through shared memory (`--share-memory off`: over loopback TCP). Two versions warm up (the conversions compile, the
-served window fills), then the measured one:
+served window fills), then `--updates` measured ones, back to back (the worker subscribes
+once; nothing waits a fixed time before a pause). Each update is split into:
 
+- `wire_s`: from the engine's update call (the announcement heard) until every tensor is in
+  the engine (shadow: also loaded beside generation, layer by layer);
+- `pause_s`: the engine's pause, paused -> resumed (shadow: the swap; inplace: the load);
+- `stall_s`: the longest stretch from the `publish` call until the first token after the
+  resume in which no stream received a token (what the generating requests felt);
 - `inplace_s`: from the publisher's `publish` call (perturbed weights: convert on the
-  device into reused buffers, announce, fill) until this engine serves the new version
-  (pulled and loaded beside generation, made live at a pause);
-- `pause_s`: the longest stretch inside that window in which no stream received a token;
-  `swap_s`: the engine's own pause (paused -> resumed);
+  device into reused buffers, announce, fill) until this engine serves the new version.
+
+Over the measured updates: `pause_p50_s`, `pause_p95_s`, `pause_max_s` (and the same for
+stall, wire and inplace), each update's figures (`per_update`), and the last one's
+`inplace_s` and `worker` stages;
 - `disk_restart_s`: what DART's release does, under the same load: the trainer writes a
   Hugging Face checkpoint while the streams generate, then the engine shuts down and a new
   one starts on it, until its first token.
@@ -35,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing as mp
 import sys
 import time
@@ -49,6 +57,19 @@ SIZES = {  # TinySpec overrides
     "tiny": {},
 }
 WARMUP_VERSIONS = 2
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """p50, p95 and max of `values` (nearest rank: p95 of 10 updates is the 10th)."""
+    ranked = sorted(values)
+    rank = lambda q: ranked[min(len(ranked) - 1, math.ceil(q * len(ranked)) - 1)]
+    return {"p50": rank(0.50), "p95": rank(0.95), "max": ranked[-1]}
+
+
+def longest_gap(arrivals: list[float], start: float, end: float) -> float:
+    """The longest stretch of [start, end] with no arrival in it."""
+    edges = [start, *sorted(t for t in arrivals if start <= t <= end), end]
+    return max(b - a for a, b in zip(edges, edges[1:]))
 
 
 def trainer_process(hf_dir: str, share_memory: bool, conn) -> None:
@@ -150,39 +171,42 @@ class Streams:
             async for out in self.engine.llm.generate(request, params, request_id=f"stream{i}-{k}"):
                 self.arrivals.extend([time.time()] * len(out.outputs[0].token_ids))
 
-    def longest_gap(self, start: float, end: float) -> float:
-        times = sorted(t for t in self.arrivals if start <= t <= end)
-        edges = [start, *times, end]
-        return max(b - a for a, b in zip(edges, edges[1:]))
+    def stall(self, start: float, resumed: float) -> float:
+        """The longest token gap from `start` to the first token after `resumed`."""
+        after = min((t for t in self.arrivals if t > resumed), default=resumed)
+        return longest_gap(self.arrivals, start, after)
 
 
-async def update(engine, weights, conn) -> dict:
+async def update(engine, sub, weights, conn) -> dict:
     """Publish the next version in the trainer process and follow it as a worker does."""
-    from dart_jax.wire.pubsub import Subscriber
     from rollout_gpu.worker import newest
 
-    sub = Subscriber(weights.announce)
-    try:
-        await asyncio.sleep(0.5)  # PUB drops what a subscriber missed while it connected
-        conn.send("publish")
-        published = asyncio.create_task(asyncio.to_thread(conn.recv))
-        ann = None
-        while ann is None or ann.version <= engine.version:
-            ann = await newest(sub, await sub.receive(timeout_s=1.0)) or ann
-        heard = time.time()
-        event = await engine.update(ann, weights)
-    finally:
-        sub.close()
+    conn.send("publish")
+    published = asyncio.create_task(asyncio.to_thread(conn.recv))
+    ann = None
+    while ann is None or ann.version <= engine.version:
+        ann = await newest(sub, await sub.receive(timeout_s=1.0)) or ann
+    heard = time.time()
+    event = await engine.update(ann, weights)
+    served = time.time()
     if not event.ok:
         raise RuntimeError(f"the update failed: {event.error}")
-    return {"published": await published, "announce_heard": heard, "event": event, "bytes": ann.total_bytes,
-            "buckets": len(ann.buckets)}
+    return {"published": await published, "announce_heard": heard, "event": event, "served": served,
+            "bytes": ann.total_bytes, "buckets": len(ann.buckets)}
+
+
+def split(done: dict) -> dict[str, float]:
+    """One update's seconds: wire, pause, publish -> served (the stall is the streams')."""
+    event = done["event"]
+    return {"wire_s": event.pulled - event.started, "pause_s": event.resumed - event.paused,
+            "inplace_s": done["served"] - done["published"]["start"]}
 
 
 async def measure(args, hf_dir: Path, conn) -> dict:
     from dart_jax.agent.prompt import PromptBuilder
     from dart_jax.wire import WireConfig
     from dart_jax.wire.config import WeightSyncConfig
+    from dart_jax.wire.pubsub import Subscriber
     from rollout_gpu.config import EngineConfig, SamplingConfig
     from rollout_gpu.engine import Engine
 
@@ -196,19 +220,25 @@ async def measure(args, hf_dir: Path, conn) -> dict:
         [{"role": "user", "content": "Type hello into the search box and press enter."}])
     streams = Streams(engine, prompt, args.streams)
     generating = asyncio.create_task(streams.run())
+    sub = Subscriber(weights.announce)  # once: PUB drops what a subscriber missed while it connected
     await asyncio.sleep(args.warmup_s)
     first = None
     for _ in range(WARMUP_VERSIONS):
-        done = await update(engine, weights, conn)
-        first = first or time.time() - done["published"]["start"]
-    done = await update(engine, weights, conn)
-    served = time.time()
-    await asyncio.sleep(1.0)  # tokens after the resume close the gap measurement
+        done = await update(engine, sub, weights, conn)
+        first = first or done["served"] - done["published"]["start"]
+    updates = [await update(engine, sub, weights, conn) for _ in range(args.updates)]
+    sub.close()
+    await asyncio.sleep(1.0)  # tokens after the last resume close its stall measurement
+    per_update = [split(d) | {"stall_s": streams.stall(d["published"]["start"], d["event"].resumed)} for d in updates]
+    done = updates[-1]
     event, published = done["event"], done["published"]
     result = {
         "bytes": done["bytes"], "buckets": done["buckets"], "load": engine.load_mode, "pause_mode": cfg.pause,
-        "inplace_s": served - published["start"], "first_inplace_s": first,
-        "pause_s": streams.longest_gap(published["start"], served + 1.0), "swap_s": event.resumed - event.paused,
+        "updates": len(updates),
+        **{f"{name.removesuffix('_s')}_{q}_s": v for name in ("pause_s", "stall_s", "wire_s", "inplace_s")
+           for q, v in spread([u[name] for u in per_update]).items()},
+        "per_update": [{k: round(v, 3) for k, v in u.items()} for u in per_update],
+        "inplace_s": per_update[-1]["inplace_s"], "first_inplace_s": first,
         "publish_gb_per_s": published["bytes"] / published["publish_s"] / 1e9,
         "publish": {k: round(v, 3) for k, v in published.items() if k.endswith("_s")},
         "worker": {"announce_s": round(done["announce_heard"] - published["start"], 3),
@@ -256,6 +286,7 @@ def main() -> None:
     ap.add_argument("--load", choices=["auto", "shadow", "inplace"], default="auto")
     ap.add_argument("--share-memory", choices=["on", "off"], default="on",
                     help="the trainer serves this machine's worker through /dev/shm (configs/local.yaml: on)")
+    ap.add_argument("--updates", type=int, default=10, help="measured updates after the warm-up versions")
     ap.add_argument("--warmup-s", type=float, default=10.0)
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
