@@ -28,7 +28,7 @@ from dart_jax.config.schema import RunConfig
 from dart_jax.data.config import TaskEntry, TaskSourceConfig
 from dart_jax.data.service import DataManager
 from dart_jax.models.hf_io import read_config
-from dart_jax.run.launchers.groups import kill_group
+from dart_jax.run.launchers.shm_ledger import kill_group
 from dart_jax.rundir import RunDir
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.wire import Client, Server, WireConfig

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 
-from dart_jax.run.launchers.groups import SegmentLedger
+from dart_jax.run.launchers.shm_ledger import SegmentLedger
 
 PR_SET_PDEATHSIG = 1
 KILL_NOW = signal.SIGUSR1

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from dart_jax.run.launchers.groups import SegmentLedger
+from dart_jax.run.launchers.shm_ledger import SegmentLedger
 
 
 COMMANDS = {"data-manager": "data-manager", "env-server": "env-server", "rollout": "rollout", "trainer": "train"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dart_jax.run.launchers.groups import SegmentLedger, group_pids, kill_group, mapped_segments
+from dart_jax.run.launchers.shm_ledger import SegmentLedger, group_pids, kill_group, mapped_segments
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir() or not Path("/proc").is_dir(), reason="Linux only")
 
