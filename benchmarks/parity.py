@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from dart_jax.agent.prompt import PromptBuilder
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     from dart_jax.models.tiny import make_tiny_hf_dir
     from dart_jax.testing.stack import LocalStack
     from dart_jax.wire.messages import TaskSpec

@@ -23,7 +23,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _load_run_config(args: argparse.Namespace):
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     return config_lib.load(RunConfig, args.config, args.overrides)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import ConfigError, dump, load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.data.tasks import suite_tasks, write_task_file
 from dart_jax.eval.stats import load_outcomes, paired_gain
 from dart_jax.observe.learning import first_collapse, success_curve

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dart_jax.config import dump
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.data.config import TaskEntry, TaskSourceConfig
 from dart_jax.data.service import DataManager
 from dart_jax.models.hf_io import read_config

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.config import apply_overrides, from_dict, to_dict
 from dart_jax.models import hf_io
 from dart_jax.models.tiny import make_tiny_hf_dir

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from dart_jax.run import supervisor as sup_lib
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.config import RoleSpec, RunSection
 from dart_jax.run.supervisor import RunFailed, Supervisor, instance_configs
 from dart_jax.rundir import RunDir

@@ -30,7 +30,7 @@ from dart_jax.run.config import RoleSpec
 from dart_jax.run.main import prepare, with_policy
 from dart_jax.run.launchers.local import Instance
 from dart_jax.run.launchers.ray import RayLauncher, RayProcess
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.supervisor import Member, Supervisor
 from dart_jax.wire import Client
 from dart_jax.wire.messages import StatsRequest

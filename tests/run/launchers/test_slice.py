@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dart_jax.config import from_dict
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.run.launchers import slice as slice_lib
 from dart_jax.run.launchers import tpu

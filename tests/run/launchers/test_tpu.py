@@ -12,7 +12,7 @@ import pytest
 
 from dart_jax.config import dump, from_dict, load
 from dart_jax.config.loader import ConfigError
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.launchers import remote, tpu
 from dart_jax.run.launchers.config import TPUConfig
 from dart_jax.run.launchers.tpu import Completed, Env, TPUCommandError
