@@ -7,31 +7,9 @@ import dataclasses
 from typing import Literal
 
 from dart_jax.config.loader import bounded
+from dart_jax.run.launchers.config import RoleSpec
 
-
-Role = Literal["data-manager", "env-server", "rollout", "trainer"]
 Phase = Literal["demos", "sft", "eval", "rl"]
-
-
-@dataclasses.dataclass(frozen=True)
-class RoleSpec:
-    """One row of the placement table: `count` processes of a role on a launcher. A role
-    that dies is restarted (with backoff) up to `max_restarts` times; one more death stops
-    the run. `resources` are the launcher's (Ray: {"GPU": 1} for a rollout worker; the row is
-    one placement group of `count` such bundles, placed by `strategy`). The `tpu` launcher
-    places the trainer on the Cloud TPU slice of the `tpu:` section."""
-    role: Role
-    count: int = bounded(1, ge=1)
-    launcher: Literal["local", "ray", "tpu"] = "local"
-    max_restarts: int = bounded(5, ge=0)
-    resources: dict[str, float] = dataclasses.field(default_factory=dict)
-    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-
-    def __post_init__(self) -> None:
-        if self.launcher == "tpu" and (self.role != "trainer" or self.count != 1):
-            raise ValueError(f"launcher tpu places one trainer (the whole slice), not {self.count} x {self.role}")
-
-
 PLACEMENT = (RoleSpec("data-manager"), RoleSpec("env-server"), RoleSpec("rollout"), RoleSpec("trainer"))
 
 

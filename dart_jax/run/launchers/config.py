@@ -1,4 +1,5 @@
-"""Launcher configs: the Cloud TPU slice a trainer is submitted to (`dart-jax tpu`)."""
+"""Launcher configs: a row of the placement table (which launcher starts how many of a role),
+and the Cloud TPU slice a trainer is submitted to (`dart-jax tpu`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,28 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from dart_jax.config.loader import bounded
+
+Role = Literal["data-manager", "env-server", "rollout", "trainer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSpec:
+    """One row of the placement table: `count` processes of a role on a launcher. A role
+    that dies is restarted (with backoff) up to `max_restarts` times; one more death stops
+    the run. `resources` are the launcher's (Ray: {"GPU": 1} for a rollout worker; the row is
+    one placement group of `count` such bundles, placed by `strategy`). The `tpu` launcher
+    places the trainer on the Cloud TPU slice of the `tpu:` section."""
+    role: Role
+    count: int = bounded(1, ge=1)
+    launcher: Literal["local", "ray", "tpu"] = "local"
+    max_restarts: int = bounded(5, ge=0)
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+    def __post_init__(self) -> None:
+        if self.launcher == "tpu" and (self.role != "trainer" or self.count != 1):
+            raise ValueError(f"launcher tpu places one trainer (the whole slice), not {self.count} x {self.role}")
+
 
 GCLOUD_ID = re.compile(r"[a-z][a-z0-9.:-]*")  # project ids (domain-scoped too), zones, node names, types
 # an NFS export (HOST:/path) or a bucket name: never a flag, a space or a shell character

@@ -46,7 +46,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from dart_jax.run.config import RoleSpec
+from dart_jax.run.launchers.config import RoleSpec
 from dart_jax.run.launchers.guard import KILL_NOW
 from dart_jax.run.launchers.local import Instance
 from dart_jax.wire.process_groups import spawn

@@ -26,7 +26,7 @@ import pytest
 import ray
 
 from dart_jax.config import load
-from dart_jax.run.config import RoleSpec
+from dart_jax.run.launchers.config import RoleSpec
 from dart_jax.run.main import prepare, with_policy
 from dart_jax.run.launchers.local import Instance
 from dart_jax.run.launchers.ray import RayLauncher, RayProcess
