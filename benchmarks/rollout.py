@@ -46,7 +46,7 @@ def main() -> None:
 
     from dart_jax.run.schema import RunConfig
     from dart_jax.models.tiny import make_tiny_hf_dir
-    from dart_jax.testing.stack import LocalStack
+    from dart_jax.testing.local_stack import LocalStack
     from dart_jax.wire.messages import TaskSpec
     from envs.config import Latency, SyntheticSlots
     from rollout_gpu.config import SamplingConfig

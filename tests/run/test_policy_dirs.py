@@ -22,7 +22,7 @@ from dart_jax.agent.image_processing import preprocess_images
 from dart_jax.models.tiny import make_tiny_hf_dir
 from dart_jax.policy import load_hf
 from dart_jax.config import UsageError
-from dart_jax.run.policy import export_hf, import_hf
+from dart_jax.run.policy_dirs import export_hf, import_hf
 from dart_jax.rundir import RunDir
 from dart_jax.train.batch import BucketSpec
 from dart_jax.train.collate import Collator
