@@ -73,7 +73,7 @@ def figures(run_dir: Path, slots: int, warmup: int):
 def run_mode(args, root: Path, mode: str) -> dict:
     from dart_jax.config import load
     from dart_jax.run.main import run
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     summary = run(load(RunConfig, "configs/rl.yaml", overrides(args, root, mode)))
     u = figures(Path(summary["run_dir"]), args.slots, args.warmup)
     out = {"env_util": u.env, "rollout_util": u.rollout, "trainer_util": u.trainer,

@@ -74,7 +74,7 @@ def variant(cfg, on: int) -> list[str]:
 def one_run(config: Path, root: Path, name: str, extra: list[str]) -> dict:
     from dart_jax.config import load
     from dart_jax.run.main import run
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     summary = run(load(RunConfig, config, [f"run.root={root}", f"run.name={name}", "run.view=lines",
                                            *socket_overrides(root, name), *extra]))
     print(json.dumps({"run": name, **{k: v for k, v in summary.items() if k != "plots"}}), flush=True)
@@ -133,7 +133,7 @@ def main() -> None:
     from dart_jax.config import load
     from dart_jax.eval.stats import load_outcomes
     from dart_jax.run.main import stop_on_sigterm
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's train.steps)")

@@ -36,6 +36,7 @@ from typing import Callable
 
 from benchmarks import gpu_parts
 from benchmarks.common import machine
+from dart_jax.wire import process_groups
 
 MARGIN_S = 5.0  # a part stops starting cases this long before its limit
 
@@ -109,8 +110,7 @@ def launch(part: Part, out: Path, dry: bool, limit_s: float, only: gpu_parts.Onl
         rc = None
     finally:  # the limit, or this process stopped (SIGTERM is turned into SystemExit in main)
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            process_groups.kill(proc)
     (out / f"{part.name}.tmp").unlink(missing_ok=True)  # a write the kill cut short
     status = "timed_out" if rc is None else "ok" if rc == 0 else f"failed (exit {rc})"
     return status, time.perf_counter() - start

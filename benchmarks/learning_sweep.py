@@ -82,7 +82,7 @@ def low_after_sft(run_dir: Path, db_path: str, sft: float) -> float | None:
 def one_run(config: Path, root: Path, name: str, seed: int, extra: Sequence[str]) -> tuple[dict, float]:
     """A whole `dart-jax run` in this process: (its summary, wall seconds)."""
     from dart_jax.config import load
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     from dart_jax.run.main import run
     start = time.monotonic()
     summary = run(load(RunConfig, config, [f"run.root={root}", f"run.name={name}", "run.view=lines",
@@ -142,7 +142,7 @@ def _commit() -> str:
 
 def main() -> None:
     from dart_jax.config import load
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     from dart_jax.run.main import stop_on_sigterm
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=6)

@@ -66,9 +66,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from dart_jax.agent.prompt import PromptBuilder
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     from dart_jax.models.tiny import make_tiny_hf_dir
-    from dart_jax.testing.stack import LocalStack
+    from dart_jax.testing.local_stack import LocalStack
     from dart_jax.wire.messages import TaskSpec
     from rollout_gpu.config import SamplingConfig
     from rollout_gpu.engine import Engine

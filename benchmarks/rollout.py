@@ -44,9 +44,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args()
 
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     from dart_jax.models.tiny import make_tiny_hf_dir
-    from dart_jax.testing.stack import LocalStack
+    from dart_jax.testing.local_stack import LocalStack
     from dart_jax.wire.messages import TaskSpec
     from envs.config import Latency, SyntheticSlots
     from rollout_gpu.config import SamplingConfig

@@ -23,7 +23,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _load_run_config(args: argparse.Namespace):
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     return config_lib.load(RunConfig, args.config, args.overrides)
 
 
@@ -136,15 +136,15 @@ def cmd_tpu(args: argparse.Namespace) -> int:
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     import json
-    from dart_jax.run import policy
-    print(json.dumps(policy.export_hf(args.checkpoint_dir, args.out_dir, args.config, args.step, args.dtype)))
+    from dart_jax.run import policy_dirs
+    print(json.dumps(policy_dirs.export_hf(args.checkpoint_dir, args.out_dir, args.config, args.step, args.dtype)))
     return 0
 
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
     import json
-    from dart_jax.run import policy
-    print(json.dumps(policy.import_hf(args.hf_dir, args.run_dir)))
+    from dart_jax.run import policy_dirs
+    print(json.dumps(policy_dirs.import_hf(args.hf_dir, args.run_dir)))
     return 0
 
 
@@ -158,7 +158,7 @@ def _add_ping(sub) -> None:
 
 
 def _add_scale_commands(sub) -> None:
-    """plan (dart_jax.capacity), tpu (dart_jax.run.launchers), export-hf, import-hf (dart_jax.run.policy)."""
+    """plan (dart_jax.capacity), tpu (dart_jax.run.launchers), export-hf, import-hf (dart_jax.run.policy_dirs)."""
     plan = _with_config(sub.add_parser("plan", help="per-chip memory estimate of the run's trainer"))
     plan.add_argument("--strict", action="store_true", help="exit 1 when the plan warns (does not fit)")
     plan.set_defaults(fn=cmd_plan)

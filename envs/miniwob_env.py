@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
-import signal
 import time
 from typing import Any
 
@@ -30,6 +28,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 
+from dart_jax.wire import process_groups
 from envs import dom, reaper
 from envs.config import MiniWoBSlots
 from envs.types import Action, Observation, StepResult, Task, TaskError
@@ -133,25 +132,13 @@ class MiniWoBEnv:
         driver, self.driver, self.instance = self.driver, None, None
         process = getattr(getattr(driver, "service", None), "process", None)
         if process is not None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            process.wait(timeout=10)
+            process_groups.kill(process, timeout_s=10)
             reaper.forget(process.pid)
 
     def browser_pids(self) -> list[int]:
         """The browser's processes (tests kill them to simulate crashes)."""
         pgid = self.driver.service.process.pid
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != pgid:
-                try:
-                    if os.getpgid(int(entry)) == pgid:
-                        pids.append(int(entry))
-                except ProcessLookupError:
-                    pass
-        return pids
+        return [pid for pid in process_groups.group_pids(pgid) if pid != pgid]
 
     # ---- browser -----------------------------------------------------------------------
 

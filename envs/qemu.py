@@ -31,7 +31,6 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -42,6 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from dart_jax.wire import process_groups
 from envs import reaper, vm_image
 from envs.config import QemuSettings
 from envs.types import EnvError
@@ -97,12 +97,11 @@ def kvm_boots(image: vm_image.Image) -> bool:
 def _probe_kvm(image: vm_image.Image) -> bool:
     with tempfile.TemporaryDirectory(prefix="dart-kvm-probe-") as tmp:
         console = Path(tmp) / "console.log"
-        process = subprocess.Popen(["qemu-system-x86_64", "-accel", "kvm", *_KVM_CPU, "-m", "256", "-nodefaults",
-                                    "-display", "none", "-no-reboot", "-kernel", str(image.kernel),
-                                    "-append", "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1",
-                                    "-serial", f"file:{console}"],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True)
+        process = process_groups.spawn(["qemu-system-x86_64", "-accel", "kvm", *_KVM_CPU, "-m", "256",
+                                        "-nodefaults", "-display", "none", "-no-reboot", "-kernel", str(image.kernel),
+                                        "-append", "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1",
+                                        "-serial", f"file:{console}"],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         reaper.watch(process.pid)
         try:
             deadline = time.monotonic() + _KVM_PROBE_S
@@ -112,9 +111,7 @@ def _probe_kvm(image: vm_image.Image) -> bool:
                 time.sleep(0.2)
             return console.exists() and b"Linux version" in console.read_bytes()
         finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            process_groups.kill(process)
             reaper.forget(process.pid)
 
 
@@ -265,8 +262,8 @@ class QemuVM:
         for attempt in range(3):  # a port taken between choosing and binding: choose again
             self.port = free_port()
             command = self.command(overlay, incoming)
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=open(self.dir / "qemu.err", "wb"), start_new_session=True)
+            self.process = process_groups.spawn(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=open(self.dir / "qemu.err", "wb"))
             reaper.watch(self.process.pid, self.dir)  # a killed server's VM leaves no files either
             time.sleep(0.3)
             if self.process.poll() is None:
@@ -339,9 +336,7 @@ class QemuVM:
     def _stop_process(self) -> None:
         process, self.process = self.process, None
         if process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+            process_groups.kill(process, timeout_s=30)
             reaper.forget(process.pid)
 
     close = kill  # the overlay is disposable: nothing in the guest needs a clean shutdown

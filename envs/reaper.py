@@ -24,6 +24,8 @@ import subprocess
 import sys
 import threading
 
+from dart_jax.wire import process_groups
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
@@ -56,9 +58,8 @@ def _send(line: str) -> None:
     global _watchdog
     for _ in range(2):
         if _watchdog is None or _watchdog.poll() is not None:
-            _watchdog = subprocess.Popen([sys.executable, "-m", "envs.reaper"], stdin=subprocess.PIPE,
-                                         text=True, start_new_session=True,
-                                         env={**os.environ, "PYTHONPATH": _import_root()})
+            _watchdog = process_groups.spawn([sys.executable, "-m", "envs.reaper"], stdin=subprocess.PIPE,
+                                             text=True, env={**os.environ, "PYTHONPATH": _import_root()})
             line = "\n".join(_line(g, f) for g, f in sorted(_groups.items())) or line
         try:
             _watchdog.stdin.write(line + "\n")
@@ -76,10 +77,7 @@ def _import_root() -> str:
 
 def _kill_groups(groups: dict[int, str]) -> None:
     for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        process_groups.signal_group(pgid, signal.SIGKILL)
     for folder in groups.values():
         if folder:
             shutil.rmtree(folder, ignore_errors=True)

@@ -12,8 +12,7 @@ LAYERS = (
     ("dart_jax.config", "dart_jax.wire", "dart_jax.agent", "dart_jax.logs", "dart_jax.rundir"),
     ("dart_jax.models", "dart_jax.policy"),
     ("dart_jax.data", "envs", "dart_jax.train", "rollout_gpu"),
-    ("dart_jax.config.schema", "dart_jax.eval", "dart_jax.observe", "dart_jax.capacity", "dart_jax.run",
-     "dart_jax.testing", "dart_jax.cli"),
+    ("dart_jax.eval", "dart_jax.observe", "dart_jax.capacity", "dart_jax.run", "dart_jax.testing", "dart_jax.cli"),
 )
 ROLES = ("dart_jax.data", "envs", "dart_jax.train", "rollout_gpu")  # talk over the wire, never by import
 

@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 
 import msgspec
 
-from dart_jax.data import schema
+from dart_jax.data import tables
 from dart_jax.data.blobs import BlobPacks, BlobRef
 from dart_jax.data.config import StoreConfig
 from dart_jax.data.curation import Group, TrajRecord
@@ -49,7 +49,7 @@ class Store:
         self._lock = threading.Lock()
         self._w = self._connect()
         self._w.execute("PRAGMA journal_mode=WAL")
-        schema.migrate(self._w)
+        tables.migrate(self._w)
 
     @classmethod
     def open(cls, cfg: StoreConfig, run_dir: Path) -> "Store":

@@ -8,7 +8,7 @@ maps the transformers-5 `save_pretrained` names, `model.language_model.*` and `m
 Layouts: a Flax kernel is [in, out], torch Linear.weight [out, in]; the patch embedding is a
 Linear kernel [C*t*p*p, D] here and a Conv3d weight [D, C, t, p, p] in torch. Decoder layers
 and vision blocks are stacked here (one array per parameter with a leading layer axis, see
-stack.py) and one tensor per layer there: a stacked parameter has one spec per layer
+layer_scan.py) and one tensor per layer there: a stacked parameter has one spec per layer
 (`ParamSpec.layer`), and specs run layer by layer as the checkpoints list them.
 
     for bucket in hf_buckets(state, config, bucket_bytes=256 << 20):   # export and weight sync

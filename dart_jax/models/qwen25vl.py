@@ -16,7 +16,7 @@ Trainer use: split once, jit plain functions of (params, inputs); never material
         ...  # chunk over T: logits_chunk = h_chunk @ w_DxV in fp32, log_softmax, gather targets
 
 `remat` names the checkpoint policy of the scanned decoder layers (`vision_remat`, of the
-vision blocks; stack.py) and `attention` the attention kernel preference (attention.py); both
+vision blocks; layer_scan.py) and `attention` the attention kernel preference (attention.py); both
 are static options of the graph, replaceable on a split model with `with_options`.
 
 `inputs` comes from `inputs.make_inputs(config, input_ids, attention_mask, pixel_values,
@@ -36,7 +36,7 @@ from dart_jax.models.attention import check_impl
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.inputs import ModelInputs
 from dart_jax.models.layers import Linear
-from dart_jax.models.stack import check_remat
+from dart_jax.models.layer_scan import check_remat
 from dart_jax.models.text import TextModel
 from dart_jax.models.vision import VisionTransformer
 

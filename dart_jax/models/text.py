@@ -10,7 +10,7 @@ from dart_jax.models.config import TextConfig
 from dart_jax.models.attention import attention
 from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary, param
 from dart_jax.models.sharding import constrain
-from dart_jax.models.stack import check_remat, scan, stacked
+from dart_jax.models.layer_scan import check_remat, scan, stacked
 
 _ACT = ("batch", "length", "act_embed")
 

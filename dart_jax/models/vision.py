@@ -6,7 +6,7 @@ attention over S/W rows of W slots, and full attention is attention over the S s
 image (frame) as its own segment: a patch sees only its own image, at a cost linear in the
 number of images (attention.py). Merge units (spatial_merge_size^2 patches) stay contiguous,
 so the merger reads groups of consecutive slots. The blocks are stacked and scanned
-(stack.py); a per-block flag picks window or full attention. Attribute names follow
+(layer_scan.py); a per-block flag picks window or full attention. Attribute names follow
 transformers' Qwen2_5_VisionTransformerPretrainedModel.
 """
 
@@ -20,7 +20,7 @@ from dart_jax.models.config import VisionConfig
 from dart_jax.models.attention import attention
 from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary
 from dart_jax.models.sharding import constrain
-from dart_jax.models.stack import check_remat, scan, stacked
+from dart_jax.models.layer_scan import check_remat, scan, stacked
 
 _ACT = ("batch", "slots", "act_embed")
 

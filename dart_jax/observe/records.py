@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from dart_jax.data import schema
+from dart_jax.data import tables
 from dart_jax.data.config import StoreConfig
 from dart_jax.rundir import RunDir
 
@@ -165,7 +165,7 @@ class StoreReader:
             return [], []
         conn.execute("BEGIN")  # one snapshot: a batch's items are never newer than what was read
         try:
-            if schema.version(conn) < HEAD_SCHEMA:  # the data manager is still creating the store
+            if tables.version(conn) < HEAD_SCHEMA:  # the data manager is still creating the store
                 return [], []
             return self._trajectories(conn), self._batches(conn)
         finally:

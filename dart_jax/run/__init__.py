@@ -1,1 +1,2 @@
-"""`dart-jax run`: orchestration of whole runs: the supervisor, its launchers, the phases."""
+"""`dart-jax run`: orchestration of whole runs: the run config (schema), the supervisor, its
+launchers, the phases."""

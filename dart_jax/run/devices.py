@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from dart_jax.run.config import RoleSpec
+from dart_jax.run.launchers.config import RoleSpec
 
 GPU_ROLES = ("trainer", "rollout")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import ConfigError, dump, load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.data.tasks import suite_tasks, write_task_file
 from dart_jax.eval.stats import load_outcomes, paired_gain
 from dart_jax.observe.learning import first_collapse, success_curve
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 def prepare(cfg: RunConfig) -> tuple[RunDir, Path]:
     """A fresh run directory with the resolved config, the task file and the policy."""
-    from dart_jax.run.policy import initial_policy  # JAX, loaded only when a run prepares its policy
+    from dart_jax.run.policy_dirs import initial_policy  # JAX, loaded only when a run prepares its policy
     root = Path(cfg.run.root) / cfg.run.name
     if (root / "config.yaml").exists():
         raise ConfigError("run config", "run.name", f"run directory {root} exists; choose another run.name")

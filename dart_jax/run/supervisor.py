@@ -33,8 +33,8 @@ from typing import Callable, Iterable
 from dart_jax.config import dump
 from dart_jax.rundir import RunDir
 from dart_jax.run.launchers.local import Instance, LocalLauncher, Process
-from dart_jax.config.schema import RunConfig
-from dart_jax.run.config import RoleSpec
+from dart_jax.run.schema import RunConfig
+from dart_jax.run.launchers.config import RoleSpec
 from dart_jax.run.devices import instance_env
 from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.messages import Ping

@@ -13,7 +13,7 @@ one elementwise expression per parameter array (read G, m, v, p; write m, v, p):
 8 fp32 words per parameter with the norm's read of G. XLA:CPU, which has no multi-output
 fusion, makes one loop fusion per output and p's re-reads the new m and v: 11 words by its
 cost analysis, where optax's chain of transformations takes 15. With stacked layers
-(models/stack.py) there are a few dozen arrays, not thousands, so no pass is a crowd of
+(models/layer_scan.py) there are a few dozen arrays, not thousands, so no pass is a crowd of
 tiny kernels.
 """
 

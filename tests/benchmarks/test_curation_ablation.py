@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.curation_ablation import PIECES, finished, row, sampled, sft_summary, table, variant
 from dart_jax.config.loader import apply_overrides, from_dict
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from tests.procs import descendants
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dart_jax.config import ConfigError, from_dict, load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.hf_io import read_config
 from dart_jax.capacity import plan as plan_lib

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dart_jax.config import load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 
 CONFIGS = sorted(Path(__file__).resolve().parents[2].glob("configs/**/*.yaml"))
 

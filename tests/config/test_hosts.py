@@ -8,7 +8,7 @@ import pytest
 
 from dart_jax.config import ConfigError, load
 
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 V5P = ROOT / "configs/tpu/v5p-64.yaml"

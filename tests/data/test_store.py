@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dart_jax.data import integrity, schema
+from dart_jax.data import integrity, tables
 from dart_jax.wire.png import address
 from dart_jax.data.ingest import IngestWriter, validate
 from dart_jax.data.store import ConflictError, Store
@@ -17,17 +17,17 @@ from dart_jax.wire.messages import ScreenshotRef, TaskSpec
 
 
 def test_fresh_store_is_migrated_and_in_wal_mode(store, tmp_path):
-    assert schema.version(store._w) == len(schema.MIGRATIONS)
+    assert tables.version(store._w) == len(tables.MIGRATIONS)
     assert store.query("PRAGMA journal_mode") == [("wal",)]
     store.close()
     again = Store(tmp_path / "data" / "store.sqlite", tmp_path / "data" / "blobs")  # idempotent
-    assert schema.version(again._w) == len(schema.MIGRATIONS)
+    assert tables.version(again._w) == len(tables.MIGRATIONS)
     again.close()
 
 
 def test_newer_store_is_refused(tmp_path):
     conn = sqlite3.connect(tmp_path / "s.sqlite")
-    conn.execute(f"PRAGMA user_version = {len(schema.MIGRATIONS) + 1}")
+    conn.execute(f"PRAGMA user_version = {len(tables.MIGRATIONS) + 1}")
     conn.close()
     with pytest.raises(RuntimeError, match="newer than this build"):
         Store(tmp_path / "s.sqlite", tmp_path / "b")
@@ -137,7 +137,7 @@ def test_every_trajectory_field_round_trips(store):
 
 def test_a_schema_1_store_migrates_and_keeps_its_trajectories(tmp_path):
     conn = sqlite3.connect(tmp_path / "s.sqlite")
-    conn.executescript(schema.MIGRATIONS[0] + "PRAGMA user_version = 1;")
+    conn.executescript(tables.MIGRATIONS[0] + "PRAGMA user_version = 1;")
     conn.execute("INSERT INTO tasks VALUES ('t0', 'synthetic', 'click-button', 0, 'train', '', 0)")
     conn.execute("INSERT INTO trajectories (traj_id, task_id, reward, status, success, source, worker_id,"
                  " temperature, created_at, ingested_at, num_steps, num_screenshots, min_version, max_version)"

@@ -42,7 +42,7 @@ def test_a_suite_setting_that_is_not_an_integer_is_refused():
 
 def test_the_old_job_key_still_loads_as_tasks_with_a_deprecation_line(caplog):
     from dart_jax.config.loader import apply_overrides
-    from dart_jax.config.schema import RunConfig
+    from dart_jax.run.schema import RunConfig
     suites = "[{backend: synthetic, names: [enter-text], train_seeds: 2, eval_seeds: 0}]"
     old = from_dict(RunConfig, apply_overrides({}, [f"job.suites={suites}"], "old.yaml"), "old.yaml")
     new = from_dict(RunConfig, apply_overrides({}, [f"tasks.suites={suites}"], "new.yaml"), "new.yaml")

@@ -13,7 +13,7 @@ import yaml
 
 from dart_jax.cli import build_parser
 from dart_jax.config import load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.data.tasks import read_task_file
 
 K8S = Path(__file__).resolve().parents[2] / "deploy/k8s"

@@ -3,7 +3,7 @@
 from dart_jax.config.loader import apply_overrides, from_dict
 from dart_jax.data.tasks import write_task_file
 from dart_jax.eval import main as evaluate
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.wire.messages import TaskSpec
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dart_jax.config import ConfigError, load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from rollout_gpu.config import EngineConfig, kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.config import apply_overrides, from_dict, to_dict
 from dart_jax.models import hf_io
 from dart_jax.models.tiny import make_tiny_hf_dir
-from dart_jax.run.launchers.groups import group_pids, mapped_segments
-from dart_jax.testing.stack import LocalStack
+from dart_jax.run.launchers.shm_ledger import mapped_segments
+from dart_jax.wire.process_groups import group_pids
+from dart_jax.testing.local_stack import LocalStack
 from dart_jax.train.batch import BucketSpec
 from dart_jax.train.collate import Collator
 from dart_jax.train.config import TrainerConfig

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dart_jax.config import ConfigError, load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.devices import instance_env
 from dart_jax.run.launchers.local import Instance, LocalLauncher
 from dart_jax.run.supervisor import Supervisor

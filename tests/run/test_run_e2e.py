@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dart_jax.run.launchers.groups import group_pids, mapped_segments
+from dart_jax.run.launchers.shm_ledger import mapped_segments
+from dart_jax.wire.process_groups import group_pids
 from tests.stores import content_duplicates, stored_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

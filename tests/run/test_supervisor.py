@@ -6,8 +6,9 @@ import dataclasses
 import pytest
 
 from dart_jax.run import supervisor as sup_lib
-from dart_jax.config.schema import RunConfig
-from dart_jax.run.config import RoleSpec, RunSection
+from dart_jax.run.schema import RunConfig
+from dart_jax.run.config import RunSection
+from dart_jax.run.launchers.config import RoleSpec
 from dart_jax.run.supervisor import RunFailed, Supervisor, instance_configs
 from dart_jax.rundir import RunDir
 from dart_jax.wire import Server, WireConfig

@@ -14,7 +14,7 @@ import numpy as np
 from dart_jax.config import dump
 from dart_jax.data.config import CurationConfig, DataManagerConfig, TaskEntry, TaskSourceConfig
 from dart_jax.data.service import serve
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfig, TrainerConfig
 from dart_jax.train.config import TrainRunConfig

@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from dart_jax.config import dump
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.train.config import BucketConfig, DistributedConfig, MeshConfig, OptimizerConfig, TrainerConfig, TrainRunConfig
 from dart_jax.wire import WireConfig

@@ -1,4 +1,5 @@
-"""Launcher configs: the Cloud TPU slice a trainer is submitted to (`dart-jax tpu`)."""
+"""Launcher configs: a row of the placement table (which launcher starts how many of a role),
+and the Cloud TPU slice a trainer is submitted to (`dart-jax tpu`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,42 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from dart_jax.config.loader import bounded
+
+Role = Literal["data-manager", "env-server", "rollout", "trainer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSpec:
+    """One row of the placement table: `count` processes of a role on a launcher. A role
+    that dies is restarted (with backoff) up to `max_restarts` times; one more death stops
+    the run. `resources` are the launcher's (Ray: {"GPU": 1} for a rollout worker; the row is
+    one placement group of `count` such bundles, placed by `strategy`). The `tpu` launcher
+    places the trainer on the Cloud TPU slice of the `tpu:` section. On the local launcher,
+    `gpus` are the devices of the row's instances and `memory_fraction` what each takes of
+    them (0: not said; dart_jax.run.devices), `env` more environment for its processes."""
+    role: Role
+    count: int = bounded(1, ge=1)
+    launcher: Literal["local", "ray", "tpu"] = "local"
+    max_restarts: int = bounded(5, ge=0)
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    gpus: tuple[int, ...] = ()
+    memory_fraction: float = bounded(0.0, ge=0, le=1)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.launcher == "tpu" and (self.role != "trainer" or self.count != 1):
+            raise ValueError(f"launcher tpu places one trainer (the whole slice), not {self.count} x {self.role}")
+        if self.gpus and self.launcher != "local":
+            raise ValueError(f"{self.role}: gpus are the local launcher's ({self.launcher} places devices itself: "
+                             "resources)")
+        if self.gpus and self.role not in ("trainer", "rollout"):
+            raise ValueError(f"{self.role} uses no GPU: gpus are for the trainer and rollout workers")
+        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
+            raise ValueError(f"{self.role}: gpus {list(self.gpus)} must be distinct device numbers")
+        if set(self.env) & {"CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION"}:
+            raise ValueError(f"{self.role}: say devices and memory with gpus and memory_fraction, not env")
+
 
 GCLOUD_ID = re.compile(r"[a-z][a-z0-9.:-]*")  # project ids (domain-scoped too), zones, node names, types
 # an NFS export (HOST:/path) or a bucket name: never a flag, a space or a shell character

@@ -22,7 +22,8 @@ import signal
 import subprocess
 import sys
 
-from dart_jax.run.launchers.groups import SegmentLedger
+from dart_jax.run.launchers.shm_ledger import SegmentLedger
+from dart_jax.wire.process_groups import signal_group, spawn
 
 PR_SET_PDEATHSIG = 1
 KILL_NOW = signal.SIGUSR1
@@ -33,18 +34,11 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def run(parent: int, argv: list[str]) -> int:
     # safe here (single-threaded): preexec_fn is not, in a threaded process such as an actor
-    role = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
+    role = spawn(argv, preexec_fn=_die_with_parent)
     segments = SegmentLedger(role.pid)  # its group's shared memory, for a group killed from outside
-    signal.signal(signal.SIGTERM, lambda *_: _killpg(role.pid, signal.SIGTERM))
+    signal.signal(signal.SIGTERM, lambda *_: signal_group(role.pid, signal.SIGTERM))
     signal.signal(KILL_NOW, lambda *_: segments.kill())
     while True:
         try:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Protocol
 
-from dart_jax.run.launchers.groups import SegmentLedger
+from dart_jax.run.launchers.shm_ledger import SegmentLedger
+from dart_jax.wire import process_groups
 
 
 COMMANDS = {"data-manager": "data-manager", "env-server": "env-server", "rollout": "rollout", "trainer": "train"}
@@ -52,9 +52,8 @@ class LocalProcess:
     def __init__(self, instance: Instance):
         instance.log.parent.mkdir(parents=True, exist_ok=True)
         with open(instance.log, "ab") as out:
-            self.proc = subprocess.Popen(instance.argv(), stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **instance.env},
-                                         start_new_session=True)
+            self.proc = process_groups.spawn(instance.argv(), stdout=out, stderr=subprocess.STDOUT,
+                                             env={**os.environ, "PYTHONUNBUFFERED": "1", **instance.env})
         self.pid = self.proc.pid
         self.segments = SegmentLedger(self.pid)
 
@@ -68,24 +67,13 @@ class LocalProcess:
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM the instance's process group; SIGKILL what is left after `grace_s`."""
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        process_groups.stop(self.proc, grace_s, kill_group=self.segments.kill)
         self.segments.kill()  # children that outlived their parent, and what the group left in /dev/shm
         return self.proc.returncode
 
     def kill(self) -> None:
         self.segments.kill()
         self.proc.wait()
-
-    def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 class LocalLauncher:

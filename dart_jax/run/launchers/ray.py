@@ -46,9 +46,10 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from dart_jax.run.config import RoleSpec
+from dart_jax.run.launchers.config import RoleSpec
 from dart_jax.run.launchers.guard import KILL_NOW
 from dart_jax.run.launchers.local import Instance
+from dart_jax.wire.process_groups import spawn
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ class RoleActor:
         logfile.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "dart_jax.run.launchers.guard", str(os.getpid()), *instance.argv()]
         with open(logfile, "ab") as out:
-            self.guard = subprocess.Popen(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+            self.guard = spawn(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def poll(self) -> tuple[int | None, int]:
         """(the role's exit code (the guard exits as the role does), this actor's process id)."""

@@ -72,8 +72,8 @@ class SliceProcess:
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         if not self.cfg.tpu.attach:
-            for step in tpu.steps_for("stop", self.cfg.tpu, tpu.ship_dir(self.cfg)):
-                tpu.run_step(step, self.cfg.tpu, self.env)
+            for command in tpu.commands_for("stop", self.cfg.tpu, tpu.ship_dir(self.cfg)):
+                tpu.perform(command, self.cfg.tpu, self.env)
         return None
 
     def kill(self) -> None:
@@ -93,8 +93,8 @@ class SliceLauncher:
         tpu.check_gcloud(self.env)
         if not t.attach:
             state = tpu.describe_state(t, self.env)
-            for step in tpu.submit_steps(t, tpu.ship_dir(self.cfg), state)[:-1]:  # all but following the log
-                tpu.run_step(step, t, self.env, instance.config.read_text())
+            for command in tpu.submit_commands(t, tpu.ship_dir(self.cfg), state)[:-1]:  # all but following the log
+                tpu.perform(command, t, self.env, instance.config.read_text())
             log.info("trainer submitted to %s (%s)", t.name, t.accelerator_type)
         return SliceProcess(self.cfg, self.env)
 

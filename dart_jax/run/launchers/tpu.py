@@ -133,7 +133,7 @@ def logs_command(t: TPUConfig) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
+class Command:
     """One command of a sequence: `poll` repeats it until ACTIVE, `follow` streams until ^C,
     `ship` builds the wheel here and writes what travels beside it."""
     note: str
@@ -141,51 +141,53 @@ class Step:
     kind: Literal["run", "poll", "follow", "ship"] = "run"
 
 
-def submit_steps(t: TPUConfig, ship_dir: Path, state: str | None = None) -> list[Step]:
+def submit_commands(t: TPUConfig, ship_dir: Path, state: str | None = None) -> list[Command]:
     """Every command of `submit`, given the queued resource's present `state` (None: absent):
     SUSPENDED (a preempted spot slice) or FAILED is deleted and created again; one that exists
     otherwise is reused, and the job is installed and launched on it again (it resumes)."""
     wheel = remote.wheel_name()
     files = [ship_dir / n for n in (wheel, remote.LOCK, remote.INSTALL, remote.LAUNCH, remote.CONFIG)]
-    steps = [Step(f"build the wheel of this checkout into {ship_dir}, beside the lock, the run config and "
-                  "the install and launch scripts", tuple(remote.wheel_argv(ship_dir)), "ship")]
+    commands = [Command(f"build the wheel of this checkout into {ship_dir}, beside the lock, the run config "
+                        "and the install and launch scripts", tuple(remote.wheel_argv(ship_dir)), "ship")]
     if state in REPLACED_STATES:
-        steps.append(Step(f"the queued resource is {state}: delete it, then create it again", tuple(delete_argv(t))))
+        commands.append(Command(f"the queued resource is {state}: delete it, then create it again",
+                                tuple(delete_argv(t))))
     if state is None or state in REPLACED_STATES:
-        steps.append(Step(f"create the queued resource ({t.accelerator_type}, {t.provisioning})",
-                          tuple(create_argv(t))))
-    return steps + [
-        Step(f"every {t.poll_s:g} s until ACTIVE (at most {t.active_timeout_s:g} s)",
-             tuple(describe_argv(t, state_only=True)), "poll"),
-        Step("make the work directory on every worker", tuple(ssh_argv(t, shlex.join(["mkdir", "-p", t.workdir])))),
-        Step("copy the wheel, the lock, the scripts and the run config to every worker",
-             tuple(scp_argv(t, files, f"{t.workdir}/"))),
-        Step(f"install on every worker (uv, Python {t.python}, the wheel with [{t.extras}]"
-             f"{', the shared root' if t.shared_root.kind != 'none' else ''})",
-             tuple(ssh_argv(t, remote_command(t, remote.INSTALL)))),
-        Step("start the trainer on every host (the same program everywhere; a trainer this script "
-             "started before is stopped first)", tuple(ssh_argv(t, remote_command(t, remote.LAUNCH, "start")))),
-        Step("follow worker 0's log (^C stops following, not the job)",
-             tuple(ssh_argv(t, logs_command(t), worker="0")), "follow")]
+        commands.append(Command(f"create the queued resource ({t.accelerator_type}, {t.provisioning})",
+                                tuple(create_argv(t))))
+    return commands + [
+        Command(f"every {t.poll_s:g} s until ACTIVE (at most {t.active_timeout_s:g} s)",
+                tuple(describe_argv(t, state_only=True)), "poll"),
+        Command("make the work directory on every worker", tuple(ssh_argv(t, shlex.join(["mkdir", "-p", t.workdir])))),
+        Command("copy the wheel, the lock, the scripts and the run config to every worker",
+                tuple(scp_argv(t, files, f"{t.workdir}/"))),
+        Command(f"install on every worker (uv, Python {t.python}, the wheel with [{t.extras}]"
+                f"{', the shared root' if t.shared_root.kind != 'none' else ''})",
+                tuple(ssh_argv(t, remote_command(t, remote.INSTALL)))),
+        Command("start the trainer on every host (the same program everywhere; a trainer this script "
+                "started before is stopped first)", tuple(ssh_argv(t, remote_command(t, remote.LAUNCH, "start")))),
+        Command("follow worker 0's log (^C stops following, not the job)",
+                tuple(ssh_argv(t, logs_command(t), worker="0")), "follow")]
 
 
-def render_steps(steps: Sequence[Step], header: str = "") -> str:
-    body = "\n".join(f"# {i}. {s.note}\n{shlex.join(s.argv)}" for i, s in enumerate(steps, 1))
+def render_commands(commands: Sequence[Command], header: str = "") -> str:
+    body = "\n".join(f"# {i}. {s.note}\n{shlex.join(s.argv)}" for i, s in enumerate(commands, 1))
     return f"# {header}\n{body}" if header else body
 
 
-def steps_for(action: str, t: TPUConfig, ship_dir: Path, state: str | None = None) -> list[Step]:
+def commands_for(action: str, t: TPUConfig, ship_dir: Path, state: str | None = None) -> list[Command]:
     if action == "submit":
-        return submit_steps(t, ship_dir, state)
+        return submit_commands(t, ship_dir, state)
     if action == "status":
-        return [Step("the queued resource, its state and its node", tuple(describe_argv(t)))]
+        return [Command("the queued resource, its state and its node", tuple(describe_argv(t)))]
     if action == "logs":
-        return [Step("follow worker 0's log (^C stops following, not the job)",
-                     tuple(ssh_argv(t, logs_command(t), worker="0")), "follow")]
+        return [Command("follow worker 0's log (^C stops following, not the job)",
+                        tuple(ssh_argv(t, logs_command(t), worker="0")), "follow")]
     if action == "stop":
-        return [Step("stop the trainer on every host", tuple(ssh_argv(t, remote_command(t, remote.LAUNCH, "stop"))))]
+        return [Command("stop the trainer on every host",
+                        tuple(ssh_argv(t, remote_command(t, remote.LAUNCH, "stop"))))]
     if action == "delete":
-        return [Step("delete the TPU VMs and the queued resource", tuple(delete_argv(t)))]
+        return [Command("delete the TPU VMs and the queued resource", tuple(delete_argv(t)))]
     raise ValueError(f"unknown tpu action {action!r}")
 
 
@@ -239,22 +241,22 @@ def describe_state(t: TPUConfig, env: Env) -> str | None:
     return got.stdout.strip() or None if got.returncode == 0 else None
 
 
-def run_step(step: Step, t: TPUConfig, env: Env, config_yaml: str = "") -> None:
-    if step.kind == "poll":
-        return wait_active(t, step.argv, env)
-    if step.kind == "ship":
-        ship_dir = Path(step.argv[step.argv.index("--wheel-dir") + 1])
+def perform(command: Command, t: TPUConfig, env: Env, config_yaml: str = "") -> None:
+    if command.kind == "poll":
+        return wait_active(t, command.argv, env)
+    if command.kind == "ship":
+        ship_dir = Path(command.argv[command.argv.index("--wheel-dir") + 1])
         remote.ship(t, ship_dir, config_yaml, lambda argv: env.runner(argv, False).returncode)
         return None
     try:
-        rc = env.runner(step.argv, False).returncode
+        rc = env.runner(command.argv, False).returncode
     except KeyboardInterrupt:
-        if step.kind != "follow":
+        if command.kind != "follow":
             raise
         env.echo("stopped following; the job keeps running (`dart-jax tpu logs CONFIG` follows it again)")
         return None
     if rc:
-        raise TPUCommandError(f"{step.note}: `{shlex.join(step.argv[:5])} ...` exited {rc}")
+        raise TPUCommandError(f"{command.note}: `{shlex.join(command.argv[:5])} ...` exited {rc}")
     return None
 
 
@@ -290,17 +292,17 @@ def main(action: str, cfg, source: str, config_yaml: str, *, dry_run: bool = Fal
                 raise
     elif not dry_run:
         check_gcloud(env)
-    steps = steps_for(action, cfg.tpu, ship_dir(cfg), state)
+    commands = commands_for(action, cfg.tpu, ship_dir(cfg), state)
     header = f"queued resource {cfg.tpu.queued_resource_id}: {state or 'none'}" + \
         ("" if known else " (gcloud unavailable: assumed)") if action in ("submit", "status") else ""
     if dry_run:
-        env.echo(render_steps(steps, header))
+        env.echo(render_commands(commands, header))
         return 0
     if action == "status":
         env.echo(f"queued resource {cfg.tpu.queued_resource_id}: {state or 'none'}: "
                  f"{STATE_NOTES.get(state, 'in progress: `dart-jax tpu submit` waits until it is ACTIVE')}")
         if state is None:
             return 0
-    for step in steps:
-        run_step(step, cfg.tpu, env, config_yaml)
+    for command in commands:
+        perform(command, cfg.tpu, env, config_yaml)
     return 0

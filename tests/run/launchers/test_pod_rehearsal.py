@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from dart_jax.config import dump
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.run.launchers import remote
 from dart_jax.run.launchers.config import TPUConfig

@@ -26,11 +26,11 @@ import pytest
 import ray
 
 from dart_jax.config import load
-from dart_jax.run.config import RoleSpec
+from dart_jax.run.launchers.config import RoleSpec
 from dart_jax.run.main import prepare, with_policy
 from dart_jax.run.launchers.local import Instance
 from dart_jax.run.launchers.ray import RayLauncher, RayProcess
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.supervisor import Member, Supervisor
 from dart_jax.wire import Client
 from dart_jax.wire.messages import StatsRequest

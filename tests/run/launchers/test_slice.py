@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dart_jax.config import from_dict
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.run.launchers import slice as slice_lib
 from dart_jax.run.launchers import tpu
@@ -88,7 +88,7 @@ def test_start_submits_without_following_and_stop_stops_every_host(tmp_path, dat
     config.write_text("the trainer's config\n")
     fake = Slice(existing="SUSPENDED")  # preempted: deleted and created again
     proc = slice_lib.SliceLauncher(cfg, fake.env()).start(Instance("trainer", "trainer", config, tmp_path / "t.log"))
-    steps = tpu.submit_steps(cfg.tpu, tpu.ship_dir(cfg), "SUSPENDED")
+    steps = tpu.submit_commands(cfg.tpu, tpu.ship_dir(cfg), "SUSPENDED")
     ran = [argv for argv, _ in fake.calls]
     assert [s.kind for s in steps][-1] == "follow" and list(steps[-1].argv) not in ran
     assert tpu.delete_argv(cfg.tpu) in ran and list(steps[-2].argv) in ran  # ... the launch on every host

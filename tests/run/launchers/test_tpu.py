@@ -12,7 +12,7 @@ import pytest
 
 from dart_jax.config import dump, from_dict, load
 from dart_jax.config.loader import ConfigError
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.launchers import remote, tpu
 from dart_jax.run.launchers.config import TPUConfig
 from dart_jax.run.launchers.tpu import Completed, Env, TPUCommandError
@@ -86,7 +86,7 @@ def test_the_scripts_every_worker_runs(script):
 
 def _argvs(config: Path, action: str) -> list[list[str]]:
     cfg = load(RunConfig, config, ["tpu.project=my-project"])
-    return [list(s.argv) for s in tpu.steps_for(action, cfg.tpu, Path("ship")) if s.kind != "ship"]
+    return [list(s.argv) for s in tpu.commands_for(action, cfg.tpu, Path("ship")) if s.kind != "ship"]
 
 
 @pytest.mark.parametrize("action", ["submit", "status", "logs", "stop", "delete"])
@@ -186,7 +186,7 @@ def test_submit_ships_creates_polls_installs_launches_follows(tmp_path, monkeypa
     assert load(RunConfig, ship / "run.yaml") == cfg  # the resolved config that travels to every worker
     assert (ship / "lock.txt").read_text() == (ROOT / "requirements/lock-tpu.txt").read_text()  # the TPU hosts' lock
     assert (ship / "install.sh").read_text() == remote.install_script(cfg.tpu, remote.wheel_name())
-    steps = tpu.submit_steps(cfg.tpu, ship)
+    steps = tpu.submit_commands(cfg.tpu, ship)
     assert [s.kind for s in steps] == ["ship", "run", "poll", "run", "run", "run", "run", "follow"]
     assert fake.calls == _expected(cfg, steps, polls=4)
     assert fake.slept == [10, 10, 10]
@@ -204,7 +204,7 @@ def test_submit_reuses_a_live_slice_and_recreates_a_suspended_or_failed_one(tmp_
     assert (tpu.delete_argv(cfg.tpu) in argvs) == replaced and (tpu.create_argv(cfg.tpu) in argvs) == replaced
     if replaced:
         assert argvs.index(tpu.delete_argv(cfg.tpu)) + 1 == argvs.index(tpu.create_argv(cfg.tpu))
-    assert fake.calls == _expected(cfg, tpu.submit_steps(cfg.tpu, Path(".dart-jax/tpu/r"), existing), polls=1)
+    assert fake.calls == _expected(cfg, tpu.submit_commands(cfg.tpu, Path(".dart-jax/tpu/r"), existing), polls=1)
 
 
 @pytest.mark.parametrize("state", ["FAILED", "SUSPENDED"])
@@ -337,7 +337,7 @@ def test_cli_submit_runs_every_command_through_gcloud(tmp_path):
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     cfg = load(RunConfig, ROOT / "configs/tpu/v6e-64.yaml", overrides)
     ship = Path(".dart-jax/tpu") / cfg.run.name
-    steps = tpu.submit_steps(cfg.tpu, ship)
+    steps = tpu.submit_commands(cfg.tpu, ship)
     look = tpu.describe_argv(cfg.tpu, state_only=True)[1:]
     assert calls == [list(tpu.AUTH_ARGV[1:]), look] + [list(s.argv[1:]) for s in steps if s.kind != "ship"]
     assert load(RunConfig, tmp_path / ship / "run.yaml") == cfg

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dart_jax.run.launchers.groups import SegmentLedger, group_pids, kill_group, mapped_segments
+from dart_jax.run.launchers.shm_ledger import SegmentLedger, kill_and_release, mapped_segments
+from dart_jax.wire.process_groups import group_pids
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir() or not Path("/proc").is_dir(), reason="Linux only")
 
@@ -41,7 +42,7 @@ def test_the_segments_a_killed_group_held_alone_are_unlinked():
     path = f"/dev/shm/{name}"
     assert len(group_pids(proc.pid)) >= 3  # creator, its resource tracker, the reader
     assert path in mapped_segments(group_pids(proc.pid))
-    assert kill_group(proc.pid) == [path]
+    assert kill_and_release(proc.pid) == [path]
     proc.wait()
     assert not Path(path).exists() and group_pids(proc.pid) == []
 
@@ -50,7 +51,7 @@ def test_a_segment_someone_outside_the_group_still_maps_is_left_alone():
     ours = shared_memory.SharedMemory(create=True, size=1 << 16)  # this process maps it
     try:
         proc, name = start_group(ours.name)
-        assert kill_group(proc.pid) == [f"/dev/shm/{name}"]
+        assert kill_and_release(proc.pid) == [f"/dev/shm/{name}"]
         proc.wait()
         assert Path(f"/dev/shm/{ours.name}").exists()
         ours.buf[0] = 7  # still usable
@@ -62,7 +63,7 @@ def test_a_segment_someone_outside_the_group_still_maps_is_left_alone():
 def test_a_group_that_is_already_gone_is_no_error():
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     proc.wait()
-    assert kill_group(proc.pid) == []
+    assert kill_and_release(proc.pid) == []
 
 
 def test_a_group_killed_from_outside_is_cleaned_after_from_what_was_noted():

@@ -16,13 +16,13 @@ from PIL import Image
 from dart_jax.agent.config import PromptConfig
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import dump, from_dict, load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.wire.trajfiles import write_trajectories
 from dart_jax.agent.image_processing import preprocess_images
 from dart_jax.models.tiny import make_tiny_hf_dir
 from dart_jax.policy import load_hf
 from dart_jax.config import UsageError
-from dart_jax.run.policy import export_hf, import_hf
+from dart_jax.run.policy_dirs import export_hf, import_hf
 from dart_jax.rundir import RunDir
 from dart_jax.train.batch import BucketSpec
 from dart_jax.train.collate import Collator
@@ -191,7 +191,7 @@ import json, sys
 import orbax.checkpoint as ocp, tensorstore as ts
 from pathlib import Path
 from dart_jax.config import load
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.models.hf_io import read_config
 from dart_jax.train.checkpoint import Checkpointer
 from dart_jax.train.export import restore_params

@@ -1,6 +1,6 @@
 """SIGKILL a role's process group without leaking the shared memory it held.
 
-    kill_group(pgid)   # SIGKILL every process of the group; unlink the segments it orphaned
+    kill_and_release(pgid)   # SIGKILL every process of the group; unlink the segments it orphaned
     ledger = SegmentLedger(pgid); ledger.note() while it runs; ledger.kill() to end it
 
 A vLLM engine's processes talk through ring buffers in /dev/shm (Python's
@@ -12,7 +12,8 @@ processes map (/proc/PID/maps); once the group is gone, each that no live proces
 more is unlinked. A SegmentLedger also remembers what the group mapped while it ran, for a
 group that died before the kill (killed from outside, or its engine alone by the OOM killer).
 Only `psm_` segments: the trainer's weight regions (`dart-jax-*`) outlive a reader by design
-and reclaim themselves (dart_jax.wire.shm). Linux only; elsewhere it is a plain killpg.
+and reclaim themselves (dart_jax.wire.shm). Linux only; elsewhere it is a plain kill of the group
+(dart_jax.wire.process_groups).
 """
 
 from __future__ import annotations
@@ -21,28 +22,10 @@ import os
 import signal
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
-PROC = Path("/proc")
+from dart_jax.wire.process_groups import PROC, group_pids, processes, signal_group, wait_gone
+
 SEGMENT_PREFIX = "/dev/shm/psm_"
-
-
-def group_pids(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group `pgid`."""
-    return [pid for pid, group, state in _processes() if group == pgid and state != "Z"]
-
-
-def _processes() -> list[tuple[int, int, str]]:
-    """(pid, process group, state) of every process this one can see."""
-    out = []
-    for entry in PROC.glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone, or not ours to read
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
-        out.append((int(entry.name), int(fields[2]), fields[0]))
-    return out
 
 
 def mapped_segments(pids) -> set[str]:
@@ -58,21 +41,15 @@ def mapped_segments(pids) -> set[str]:
     return found
 
 
-def kill_group(pgid: int, wait_s: float = 5.0, seen: Iterable[str] = ()) -> list[str]:
+def kill_and_release(pgid: int, wait_s: float = 5.0, seen: Iterable[str] = ()) -> list[str]:
     """SIGKILL process group `pgid`, wait up to `wait_s` for it to die, then unlink the
     segments it maps now or mapped earlier (`seen`, a SegmentLedger's) that no live process
     maps any more. Returns those unlinked."""
     held = set(seen) | (mapped_segments(group_pids(pgid)) if PROC.is_dir() else set())
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + wait_s
-    while held and group_pids(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not held or group_pids(pgid):
+    signal_group(pgid, signal.SIGKILL)
+    if not held or not wait_gone(pgid, wait_s):
         return []  # nothing held, or the group outlived the wait: leave its segments alone
-    orphaned = sorted(path for path in held - mapped_segments(pid for pid, _, _ in _processes())
+    orphaned = sorted(path for path in held - mapped_segments(pid for pid, _, _ in processes())
                       if os.path.exists(path))
     for path in orphaned:
         try:
@@ -99,7 +76,7 @@ class SegmentLedger:
             self.seen |= mapped_segments(group_pids(self.pgid))
 
     def kill(self, wait_s: float = 5.0) -> list[str]:
-        """kill_group with what was seen; the ledger starts empty again."""
-        released = kill_group(self.pgid, wait_s, self.seen)
+        """kill_and_release with what was seen; the ledger starts empty again."""
+        released = kill_and_release(self.pgid, wait_s, self.seen)
         self.seen = set()
         return released

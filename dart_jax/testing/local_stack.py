@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dart_jax.config import dump
-from dart_jax.config.schema import RunConfig
+from dart_jax.run.schema import RunConfig
 from dart_jax.data.config import TaskEntry, TaskSourceConfig
 from dart_jax.data.service import DataManager
 from dart_jax.models.hf_io import read_config
-from dart_jax.run.launchers.groups import kill_group
+from dart_jax.run.launchers.shm_ledger import kill_and_release
 from dart_jax.rundir import RunDir
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.wire import Client, Server, WireConfig
+from dart_jax.wire.process_groups import spawn
 from dart_jax.wire.messages import DataStats, StatsRequest, TaskSpec, Trajectory
 from envs.server import serving
 
@@ -101,9 +102,8 @@ class LocalStack:
         config = self.run.root / f"{worker_id}.yaml"
         config.write_text(dump(self.worker_config(worker_id)))
         out = open(self.run.log_path(f"{worker_id}.out"), "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "dart_jax.cli", "rollout", str(config)],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True)
+        proc = spawn([sys.executable, "-m", "dart_jax.cli", "rollout", str(config)],
+                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         out.close()
         self.workers[worker_id] = proc
         return proc
@@ -111,7 +111,7 @@ class LocalStack:
     def kill_worker(self, worker_id: str) -> None:
         """SIGKILL the worker and everything it started (its vLLM engine processes)."""
         proc = self.workers.pop(worker_id)
-        kill_group(proc.pid)
+        kill_and_release(proc.pid)
         proc.wait()
 
     def stop_worker(self, worker_id: str, grace_s: float = 30.0) -> int:
@@ -120,7 +120,7 @@ class LocalStack:
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
+            kill_and_release(proc.pid)
             proc.wait()
         return proc.returncode
 

@@ -2,8 +2,9 @@
 
 Each section lives beside its package, in that package's config.py (envs, data, train,
 rollout_gpu, wire, eval, capacity, run and its launchers), as plain frozen dataclasses, so
-loading a config imports no JAX. This module is the top of the config layer: it imports every
-section and nothing imports it but the commands that load a whole run config.
+loading a config imports no JAX. This module sits at the top of the house, with the commands
+that run whole runs: it imports every section, so nothing below `run/` imports it (the
+loader it is read with is dart_jax.config, at the bottom).
 """
 
 from __future__ import annotations

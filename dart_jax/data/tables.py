@@ -1,4 +1,4 @@
-"""The store's SQLite schema and its versioned migrations.
+"""The store's SQLite tables, as versioned migrations.
 
 `PRAGMA user_version` holds the number of migrations applied; `migrate` applies the rest,
 each in its own transaction, so a store made by an older build opens in a newer one.
