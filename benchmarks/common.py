@@ -1,4 +1,4 @@
-"""What every benchmark shares: the machine line, its work directory, workers in fresh
+"""What every benchmark shares: the machine it ran on, its work directory, workers in fresh
 processes and in-process rollout workers."""
 
 from __future__ import annotations
@@ -17,14 +17,43 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def machine() -> str:
-    """The machine a figure was measured on, in one line."""
-    cpu = platform.processor() or platform.machine()
+def machine(device: bool = False) -> dict:
+    """The machine a figure was measured on: host, CPU model, cores, memory, Python. With
+    `device`, also JAX's backend, first device and device count (`device_info`), asked in this
+    process where it already imported JAX, else in a child process: a driver leaves the device
+    to its workers (on a GPU, JAX takes 75% of its memory at its first device query)."""
+    info = {"host": platform.node(), "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
+            "python": platform.python_version()}
+    if not device:
+        return info
+    if "jax" in sys.modules:
+        return info | device_info()
+    probe = "import json; from benchmarks.common import device_info; print(json.dumps(device_info()))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    return info | json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def device_info() -> dict:
+    """JAX's backend, its first device's kind, the device count and JAX's version, from this process."""
+    import jax  # only where asked: it starts the backend
+
+    return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "devices": jax.device_count(),
+            "jax": jax.__version__}
+
+
+def _cpu_model() -> str:
     try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
-        mem = float("nan")
-    return f"{platform.node()} {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
+        return None
 
 
 @contextlib.contextmanager

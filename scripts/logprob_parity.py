@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from benchmarks.common import work_dir  # noqa: E402
+from benchmarks.common import machine, work_dir  # noqa: E402
 
 RESPONSE = "Thought: I need to click the OK button.\nAction: click(start_box='(40,52)')"
 SAMPLED_TOKENS = 16
@@ -193,14 +192,14 @@ def vision_checks(hf, calls, pixels) -> dict:
             "embeds_max_rel": float(max(emb))}
 
 
-def machine() -> dict:
+def versions() -> dict:
+    """The versions of the three stacks compared (and JAX's)."""
     import jax
     import torch
     import transformers
     import vllm
-    return {"node": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "vllm": vllm.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__, "jax": jax.__version__}
+    return {"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "jax": jax.__version__}
 
 
 def main() -> None:
@@ -264,7 +263,7 @@ def measure(work: Path, init_std: float | None) -> dict:
     report["vision"] = dict(vllm_run["engine"], **vision_checks(hf, vllm_run["vision_calls"], pixels))
     report["engine_start_s"] = vllm_run["engine_start_s"]
     report["init_std"] = json.loads((model_dir / "config.json").read_text())["text_config"]["initializer_range"]
-    report["machine"] = machine()
+    report["machine"] = machine() | versions()
     return report
 
 

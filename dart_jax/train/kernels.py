@@ -27,7 +27,7 @@ softmax arithmetic is fp32.
 Chunk sizes trade the block's memory against the loops' overhead; `auto_chunks` picks them
 per backend and shape (measured on one H100 at 4k tokens x 151,936 vocab: 1024 x 8192 blocks
 ran 1.07-1.2x slower than the naive full-logits version, 4096 x 16384 blocks 1.2-1.36x
-faster; on CPU 1024 x 8192 is faster than naive, see benchmarks/loss_kernel.py).
+faster; on CPU 1024 x 8192 is faster than naive, see benchmarks/gpu/loss_kernel.py).
 """
 
 from __future__ import annotations

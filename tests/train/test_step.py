@@ -210,7 +210,7 @@ def test_remat_full_keeps_a_small_fraction_of_the_activations():
 
 def test_compiled_step_does_not_grow_with_depth():
     """Layers run under one scan: the 2- and 16-layer programs have the same instructions, so
-    compile time does not depend on depth (benchmarks/train_step.py reports the times)."""
+    compile time does not depend on depth (benchmarks/gpu/train_step.py reports the times)."""
     def instructions(layers):
         return sum(" = " in line for line in _abstract_step(layers, "full").as_text().splitlines())
     two, sixteen = instructions(2), instructions(16)

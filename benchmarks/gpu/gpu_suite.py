@@ -1,13 +1,13 @@
 """GPU figures in one prepared command: the train step, the vision tower, the log-prob kernel
 and the publish conversion at real sizes, each part in its own process under its own limit.
 
-    python -m benchmarks.gpu_suite OUT_DIR                 # a GPU host: at most 7.75 minutes (limits below)
-    python -m benchmarks.gpu_suite OUT_DIR --dry           # every part at tiny sizes on CPU (a test runs this)
-    python -m benchmarks.gpu_suite OUT_DIR --parts train_step --limit train_step=400   # a part again, longer
-    python -m benchmarks.gpu_suite OUT_DIR --parts train_step --cases train_step=3B:4096,1.5B:4096
+    python -m benchmarks.gpu.gpu_suite OUT_DIR             # a GPU host: at most 7.75 minutes (limits below)
+    python -m benchmarks.gpu.gpu_suite OUT_DIR --dry       # every part at tiny sizes on CPU (a test runs this)
+    python -m benchmarks.gpu.gpu_suite OUT_DIR --parts train_step --limit train_step=400   # a part again, longer
+    python -m benchmarks.gpu.gpu_suite OUT_DIR --parts train_step --cases train_step=3B:4096,1.5B:4096
 
-What each part measures and its cases are in gpu_parts.py; the figures come from
-benchmarks.train_step, vision_tower, loss_kernel and publish_convert. OUT_DIR receives
+What each part measures and its cases are in gpu_parts.py; the figures come from the
+benchmarks beside it: train_step, vision_tower, loss_kernel and publish_convert. OUT_DIR receives
 `<part>.json` for each part (rewritten as its cases finish: a part stopped at its limit
 keeps what it measured and says "timed_out"), `summary.json` (each part's status, wall
 time, brief figures and targets, the card's name) and `suite.log` (every part's output):
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from benchmarks import gpu_parts
+from benchmarks.gpu import gpu_parts
 from benchmarks.common import machine
 from dart_jax.wire import process_groups
 
@@ -99,7 +99,7 @@ def launch(part: Part, out: Path, dry: bool, limit_s: float, only: gpu_parts.Onl
     """The part in its own process group, killed with its workers at the limit, or when this
     process is stopped (the group stays in this session: whoever ends the session ends it
     too): (status, wall s)."""
-    cmd = [sys.executable, "-m", "benchmarks.gpu_suite", str(out), "--part", part.name, "--part-limit", str(limit_s)]
+    cmd = [sys.executable, "-m", "benchmarks.gpu.gpu_suite", str(out), "--part", part.name, "--part-limit", str(limit_s)]
     cmd += ["--cases", f"{part.name}={','.join(sorted(only))}"] if only else []
     start = time.perf_counter()
     proc = subprocess.Popen(cmd + (["--dry"] if dry else []), stdout=log, stderr=log, env=child_env(dry),

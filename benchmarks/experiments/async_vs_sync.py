@@ -1,6 +1,6 @@
 """Decoupled (async) vs synchronous training, the same system in both modes, one invocation.
 
-    .venv/bin/python -m benchmarks.async_vs_sync [--steps 12] [--warmup 2] [--median-s 2] [--sigma 1.2]
+    .venv/bin/python -m benchmarks.experiments.async_vs_sync [--steps 12] [--warmup 2] [--median-s 2] [--sigma 1.2]
 
 Each mode is a whole `dart-jax run` (phases demos, rl) with the same processes (a data
 manager, one env server with `--slots` synthetic slots, one vLLM CPU rollout worker with
@@ -32,6 +32,11 @@ import json
 from pathlib import Path
 
 from benchmarks.common import machine, socket_overrides, work_dir
+from dart_jax.config import load
+from dart_jax.run.schema import RunConfig
+from dart_jax.observe.records import RunReader
+from dart_jax.observe.utilization import Window, measure
+from dart_jax.run.main import run, stop_on_sigterm
 
 
 def overrides(args, root: Path, mode: str) -> list[str]:
@@ -53,7 +58,6 @@ def overrides(args, root: Path, mode: str) -> list[str]:
 def steady_window(rounds, warmup: int):
     """From the end of the `warmup`-th trainer round (its first batch request when 0) to the
     last publish: the rounds after the warm-up, each whole."""
-    from dart_jax.observe.utilization import Window
     rounds = sorted(rounds, key=lambda r: r.publish_end)
     if len(rounds) <= warmup:
         raise ValueError(f"{len(rounds)} trainer rounds: none after the {warmup} warm-up rounds")
@@ -62,8 +66,6 @@ def steady_window(rounds, warmup: int):
 
 
 def figures(run_dir: Path, slots: int, warmup: int):
-    from dart_jax.observe.records import RunReader
-    from dart_jax.observe.utilization import measure
     reader = RunReader(run_dir)
     records = reader.refresh()
     reader.close()
@@ -71,9 +73,6 @@ def figures(run_dir: Path, slots: int, warmup: int):
 
 
 def run_mode(args, root: Path, mode: str) -> dict:
-    from dart_jax.config import load
-    from dart_jax.run.main import run
-    from dart_jax.run.schema import RunConfig
     summary = run(load(RunConfig, "configs/rl.yaml", overrides(args, root, mode)))
     u = figures(Path(summary["run_dir"]), args.slots, args.warmup)
     out = {"env_util": u.env, "rollout_util": u.rollout, "trainer_util": u.trainer,
@@ -99,7 +98,6 @@ def main() -> None:
                     help="rollouts pending at most (in flight or unused; 0: no cap): how far the fleet may run ahead")
     ap.add_argument("--work", default=None, help="where the runs go, kept (default: a temporary directory, removed at the end)")
     args = ap.parse_args()
-    from dart_jax.run.main import stop_on_sigterm
     stop_on_sigterm()  # killed, its runs' roles go with it
     with work_dir(args.work, "bench_async_sync_") as root:
         a, s = run_mode(args, root, "async"), run_mode(args, root, "sync")

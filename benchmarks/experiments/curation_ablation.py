@@ -1,7 +1,7 @@
 """DART's curation ablation on the local learning proof: one SFT policy, then each curation
 piece added in turn, with the same seeds and the same RL budget per configuration.
 
-    .venv/bin/python -m benchmarks.curation_ablation [--config configs/local.yaml] [--steps N]
+    .venv/bin/python -m benchmarks.experiments.curation_ablation [--config configs/local.yaml] [--steps N]
                                                      [--seed S [S ...]] [--max-seconds S]
                                                      [--sft-run RUN_DIR ...] [--batch-wait-s S] [--work DIR]
 
@@ -49,6 +49,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import machine, socket_overrides
+from dart_jax.config import load
+from dart_jax.run.schema import RunConfig
+from dart_jax.eval.stats import load_outcomes, paired_gain, wilson
+from dart_jax.run.main import run, stop_on_sigterm
 
 ORDER = ("rollouts", "length", "selection", "tis", "pool")  # DART's ablation order
 PIECES = (("plain GRPO", 0), ("+ dynamic rollouts", 1), ("+ dynamic length", 2),
@@ -72,9 +76,6 @@ def variant(cfg, on: int) -> list[str]:
 
 
 def one_run(config: Path, root: Path, name: str, extra: list[str]) -> dict:
-    from dart_jax.config import load
-    from dart_jax.run.main import run
-    from dart_jax.run.schema import RunConfig
     summary = run(load(RunConfig, config, [f"run.root={root}", f"run.name={name}", "run.view=lines",
                                            *socket_overrides(root, name), *extra]))
     print(json.dumps({"run": name, **{k: v for k, v in summary.items() if k != "plots"}}), flush=True)
@@ -120,7 +121,6 @@ def row(label: str, outcomes: list, sft: list, plain: list | None, previous: lis
     """One configuration over its seeds: held-out success (Wilson), its gain over SFT, over plain
     GRPO and over the row before (the piece's own share), each paired over the same episodes,
     and per seed its RL steps, how the run ended and whether training collapsed (and where)."""
-    from dart_jax.eval.stats import paired_gain, wilson
     wins, n = sum(o.success for o in outcomes), len(outcomes)
     out = {"config": label, "success": wins / n, "n": n, "ci95": list(wilson(wins, n))}
     for key, base in (("gain", sft), ("over_plain", plain), ("over_previous", previous)):
@@ -130,10 +130,6 @@ def row(label: str, outcomes: list, sft: list, plain: list | None, previous: lis
 
 
 def main() -> None:
-    from dart_jax.config import load
-    from dart_jax.eval.stats import load_outcomes
-    from dart_jax.run.main import stop_on_sigterm
-    from dart_jax.run.schema import RunConfig
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's train.steps)")

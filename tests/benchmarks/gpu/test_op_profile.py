@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks.op_profile import _xla_op_times, jax_ops, kind, summarize, torch_ops
+from benchmarks.gpu.op_profile import _xla_op_times, jax_ops, kind, summarize, torch_ops
 
 
 def event(op: str | None, start: int, duration: int, name: str = "") -> NS:

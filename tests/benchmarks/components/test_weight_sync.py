@@ -1,9 +1,9 @@
-"""benchmarks.weight_sync's figures over many updates: nearest-rank percentiles and the
+"""benchmarks.components.weight_sync's figures over many updates: nearest-rank percentiles and the
 longest token gap of a window (the benchmark itself starts vLLM: a command, not a test)."""
 
 import pytest
 
-from benchmarks.weight_sync import longest_gap, spread
+from benchmarks.components.weight_sync import longest_gap, spread
 
 
 def test_percentiles_are_nearest_rank_over_the_updates():

@@ -6,7 +6,8 @@ import json
 import jax
 import jax.numpy as jnp
 
-from benchmarks.train_step import Case, profiled, xla_bytes
+from benchmarks.gpu.measure import profiled, xla_bytes
+from benchmarks.gpu.train_step import Case
 
 MIB = 1 << 20
 
@@ -32,7 +33,7 @@ def test_a_profile_that_fails_leaves_the_figures_standing(capsys):
 
 
 def test_a_case_stopped_while_profiled_keeps_its_figures(monkeypatch):
-    import benchmarks.train_step as ts
+    import benchmarks.gpu.train_step as ts
 
     case = Case("jax", "micro", 256, 2, 2, "bfloat16", "full", profile=True)
     monkeypatch.setattr(ts, "run_worker", lambda *a: {"step_s": 0.5, "peak_bytes": 7, "status": "timeout after 9 s"})

@@ -1,7 +1,7 @@
 """The learning proof, run after run: `make run`'s configuration N times in a row, each a real
 `dart-jax run` (demos, SFT, eval, RL, eval), and how many meet the bar.
 
-    .venv/bin/python -m benchmarks.learning_sweep [--runs N] [--seed S] [--config configs/local.yaml]
+    .venv/bin/python -m benchmarks.experiments.learning_sweep [--runs N] [--seed S] [--config configs/local.yaml]
                                                   [--work DIR] [--set KEY=VALUE ...]
 
 Run i has run.seed = i (seeds 0..N-1), or `--seed S` for N repeats of one seed (an
@@ -30,6 +30,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from benchmarks.common import machine, socket_overrides
+from dart_jax.config import load
+from dart_jax.run.schema import RunConfig
+from dart_jax.observe.learning import lowest_after, success_curve
+from dart_jax.observe.records import RunReader
+from dart_jax.run.main import run, stop_on_sigterm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +75,6 @@ def row(name: str, seed: int, summary: dict, low_after_sft: float | None, wall_s
 
 def low_after_sft(run_dir: Path, db_path: str, sft: float) -> float | None:
     """The lowest rolling training-rollout success once it first reached `sft`."""
-    from dart_jax.observe.learning import lowest_after, success_curve
-    from dart_jax.observe.records import RunReader
     reader = RunReader(run_dir, db_path)
     try:
         return lowest_after(success_curve(reader.refresh().trajectories), sft)
@@ -81,9 +84,6 @@ def low_after_sft(run_dir: Path, db_path: str, sft: float) -> float | None:
 
 def one_run(config: Path, root: Path, name: str, seed: int, extra: Sequence[str]) -> tuple[dict, float]:
     """A whole `dart-jax run` in this process: (its summary, wall seconds)."""
-    from dart_jax.config import load
-    from dart_jax.run.schema import RunConfig
-    from dart_jax.run.main import run
     start = time.monotonic()
     summary = run(load(RunConfig, config, [f"run.root={root}", f"run.name={name}", "run.view=lines",
                                            f"run.seed={seed}", *socket_overrides(root, name), *extra]))
@@ -141,9 +141,6 @@ def _commit() -> str:
 
 
 def main() -> None:
-    from dart_jax.config import load
-    from dart_jax.run.schema import RunConfig
-    from dart_jax.run.main import stop_on_sigterm
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--seed", type=int, help="repeat this seed --runs times (default: seeds 0..runs-1)")

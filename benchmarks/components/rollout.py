@@ -1,6 +1,6 @@
 """Rollout throughput of one worker: K = 1, 4, 8 episodes at once on one vLLM engine.
 
-    .venv/bin/python -m benchmarks.rollout [--episodes 1 4 8] [--seconds 60] [--step-s 0.5]
+    .venv/bin/python -m benchmarks.components.rollout [--episodes 1 4 8] [--seconds 60] [--step-s 0.5]
 
 Against synthetic env slots whose steps take `--step-s` seconds (lognormal with
 `--sigma`; 0 = fixed), one slot per episode, so the envs are slow but never scarce.

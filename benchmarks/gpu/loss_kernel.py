@@ -1,7 +1,7 @@
 """Fused log-prob/entropy kernel vs the full-logits reference: temp memory and wall time.
 
-    python -m benchmarks.loss_kernel [--reps 3] [--chunk-tokens 1024] [--chunk-vocab 8192]
-    python -m benchmarks.loss_kernel --hidden 3584 --vocab 152064 --tokens 16384 --dtype bfloat16 --auto-chunks
+    python -m benchmarks.gpu.loss_kernel [--reps 3] [--chunk-tokens 1024] [--chunk-vocab 8192]
+    python -m benchmarks.gpu.loss_kernel --hidden 3584 --vocab 152064 --tokens 16384 --dtype bfloat16 --auto-chunks
 
 Both compile forward + backward of sum(a * logp) + sum(b * entropy) with gradients for the
 hidden states [T, D] and the LM head [D, V] (default fp32, T = 4096, V = 151,936, D = 896).
@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import OOM_MARKERS
+from benchmarks.common import OOM_MARKERS, machine
 from dart_jax.train.kernels import auto_chunks, naive_token_logprobs_entropy, token_logprobs_entropy
 
 D, V = 896, 151_936
@@ -120,12 +118,6 @@ def fused_time(tokens: int, hidden: int, vocab: int, dtype: str, *, chunk_tokens
     return {**out, "status": "ok", "fused_s": statistics.median(runs), "fused_temp_bytes": _temp(exe)}
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    dev = jax.devices()[0]
-    return f"{platform.node()} {cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {dev.device_kind}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=4096)
@@ -143,7 +135,7 @@ def main() -> None:
     kw = dict(chunk_tokens=ct, chunk_vocab=cv, entropy_grad=True)
     abstract_32k = _abstract(32_768, args.hidden, args.vocab, args.dtype)
     fused_32k = _grad_fn(token_logprobs_entropy, **kw).lower(*abstract_32k).compile()
-    out |= {"fused_temp_bytes_32k": _temp(fused_32k), "machine": machine()}
+    out |= {"fused_temp_bytes_32k": _temp(fused_32k), "machine": machine(device=True)}
     out["temp_growth_32k"] = out["fused_temp_bytes_32k"] / out["fused_temp_bytes"]
     out["targets_met"] = (out.get("temp_ratio", 0) >= 6 and out.get("fused_over_naive_s", 2) <= 1
                           and out["temp_growth_32k"] <= 1.25)

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.curation_ablation import PIECES, finished, row, sampled, sft_summary, table, variant
+from benchmarks.experiments.curation_ablation import PIECES, finished, row, sampled, sft_summary, table, variant
 from dart_jax.config.loader import apply_overrides, from_dict
 from dart_jax.run.schema import RunConfig
 from tests.procs import descendants
@@ -109,8 +109,8 @@ def test_rows_pair_episodes_within_each_seed():
 def test_a_killed_ablation_takes_its_runs_roles_with_it(tmp_path):
     """SIGTERM to the benchmark (a stalled configuration is killed by hand) unwinds its run:
     the data manager and env server it started are stopped, not left orphaned."""
-    root = Path(__file__).resolve().parents[2]
-    argv = [sys.executable, "-m", "benchmarks.curation_ablation", "--config", "configs/rl.yaml", "--work", str(tmp_path)]
+    root = Path(__file__).resolve().parents[3]
+    argv = [sys.executable, "-m", "benchmarks.experiments.curation_ablation", "--config", "configs/rl.yaml", "--work", str(tmp_path)]
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     roles: list[psutil.Process] = []
     try:

@@ -1,8 +1,8 @@
 """The publish conversion at 7B shapes: device parameters -> HF names, torch layout, bf16 host buckets, in GB/s.
 
-    python -m benchmarks.publish_convert                            # embed, lm_head, 2 decoder layers, 2 vision blocks
-    python -m benchmarks.publish_convert --text-layers 4 --vision-blocks 4
-    python -m benchmarks.publish_convert --dry                      # the same on a micro policy (any host)
+    python -m benchmarks.gpu.publish_convert                        # embed, lm_head, 2 decoder layers, 2 vision blocks
+    python -m benchmarks.gpu.publish_convert --text-layers 4 --vision-blocks 4
+    python -m benchmarks.gpu.publish_convert --dry                  # the same on a micro policy (any host)
 
 A layer set of Qwen2.5-VL-7B's shapes (its embedding and untied LM head, final norm, patch
 embedding and merger, `--text-layers` decoder layers and `--vision-blocks` vision blocks)
@@ -13,7 +13,7 @@ host in torch layout and bf16, grouped into buckets. Pass 1 pays what a first pu
 fp32 bytes read per second beside it and the time a whole 7B policy would take at that rate.
 Every tensor's name, shape and dtype is checked, and three tensors' values (the embedding,
 a decoder projection, the patch embedding) against a host-side reference. Last line: JSON.
-Packing into wire frames and CRC-32 are host copies measured by benchmarks.weight_sync.
+Packing into wire frames and CRC-32 are host copies measured by benchmarks.components.weight_sync.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from benchmarks.common import machine
+from benchmarks.gpu.measure import model_config
 from dart_jax.models.config import Qwen25VLConfig
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -58,11 +59,7 @@ def host_reference(spec, x: np.ndarray) -> np.ndarray:
 
 def layer_set(text_layers: int, vision_blocks: int, dry: bool = False) -> Qwen25VLConfig:
     """Qwen2.5-VL-7B's shapes (dry: the micro policy's) with only this many layers and blocks."""
-    if dry:
-        from benchmarks.train_step import model_config
-        base = model_config("micro")
-    else:
-        base = Qwen25VLConfig()
+    base = model_config("micro") if dry else Qwen25VLConfig()
     text = dataclasses.replace(base.text, num_hidden_layers=text_layers)
     vision = dataclasses.replace(base.vision, depth=vision_blocks, fullatt_block_indexes=(vision_blocks - 1,))
     return dataclasses.replace(base, text=text, vision=vision)

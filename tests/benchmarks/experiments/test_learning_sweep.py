@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.learning_sweep import Bar, Row, report, row, seeds, sweep, table
+from benchmarks.experiments.learning_sweep import Bar, Row, report, row, seeds, sweep, table
 from dart_jax.run.schema import RunConfig
 from dart_jax.data.config import StoreConfig
 from dart_jax.data.store import Store

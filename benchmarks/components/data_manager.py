@@ -1,6 +1,6 @@
 """Data manager throughput: ingestion over ZeroMQ and curated batch assembly.
 
-    python -m benchmarks.data_manager [--per-client 150] [--keep DIR]
+    python -m benchmarks.components.data_manager [--per-client 150] [--keep DIR]
 
 1. ingest_traj_per_s: the service runs as its own process (`python -m dart_jax.data.service`);
    4 client processes each submit trajectories of 10 steps with a unique 50 KB screenshot

@@ -15,6 +15,9 @@ import dataclasses
 import time
 from typing import Any, Callable
 
+from benchmarks.gpu import publish_convert, vision_tower
+from benchmarks.gpu.train_step import FORMULA, measure_row
+
 Write = Callable[[dict], None]
 Only = frozenset[str] | None
 GiB = 2**30
@@ -49,7 +52,7 @@ def figure(result: dict, key: str, scale: float = 1.0) -> Any:
     return None if value is None else value / scale
 
 
-# ---- the train step: benchmarks/train_step.py, ours and transformers + torch -------------
+# ---- the train step: benchmarks/gpu/train_step.py, ours and transformers + torch ---------
 
 BOTH = ("jax", "torch")
 
@@ -78,8 +81,6 @@ def train_cases(dry: bool) -> list[str]:
 
 
 def train_part(dry: bool, deadline: float, write: Write, only: Only = None) -> dict:
-    from benchmarks.train_step import FORMULA, measure_row
-
     plan = DRY_TRAIN if dry else TRAIN
     doc = {"part": "train_step", "formula": FORMULA, "dtype": plan.dtype, "remat": plan.remat,
            "tokens_per_step": plan.tokens_per_step, "steps": plan.steps, "results": []}
@@ -110,7 +111,7 @@ def train_targets(plan: TrainPlan, results: list[dict]) -> dict:
     }
 
 
-# ---- the vision tower: benchmarks/vision_tower.py -----------------------------------------
+# ---- the vision tower: benchmarks/gpu/vision_tower.py --------------------------------------
 
 VISION_CAP_S = {False: 75, True: 120}  # per case: on a device, dry
 SCREENSHOTS = (5, 1)  # the target's case first
@@ -121,21 +122,19 @@ def vision_cases(dry: bool) -> list[str]:
 
 
 def vision_part(dry: bool, deadline: float, write: Write, only: Only = None) -> dict:
-    from benchmarks.vision_tower import TOWERS, cases, measure
-
     todo = [dataclasses.replace(c, memory=c.screenshots == 5)  # the target's case: what its plan holds
-            for c in chosen(cases(dry, screenshots=SCREENSHOTS), vision_cases(dry), only)]
-    doc = {"part": "vision_tower", "tower": dataclasses.asdict(TOWERS[todo[0].tower]), "dtype": todo[0].dtype,
-           "remat": todo[0].remat, "attention": todo[0].attention, "results": []}
+            for c in chosen(vision_tower.cases(dry, screenshots=SCREENSHOTS), vision_cases(dry), only)]
+    doc = {"part": "vision_tower", "tower": dataclasses.asdict(vision_tower.TOWERS[todo[0].tower]),
+           "dtype": todo[0].dtype, "remat": todo[0].remat, "attention": todo[0].attention, "results": []}
     for case in todo:
-        doc["results"] += measure([case], time_left(deadline, VISION_CAP_S[dry]))
+        doc["results"] += vision_tower.measure([case], time_left(deadline, VISION_CAP_S[dry]))
         write(doc)
     five = next((r for r in doc["results"] if r["screenshots"] == 5), {"status": None})
     return {**doc, "targets": {"peak GiB, 5 screenshots": target(figure(five, "peak_bytes", GiB), "< 40",
                                                                  lambda v: v < 40)}}
 
 
-# ---- the log-prob kernel: benchmarks/loss_kernel.py ---------------------------------------
+# ---- the log-prob kernel: benchmarks/gpu/loss_kernel.py ------------------------------------
 
 KERNEL_SHAPES = {"0.5B": (896, 151_936), "7B": (3584, 152_064)}  # (hidden, vocab)
 KERNEL_TOKENS = (4096, 16384)
@@ -153,9 +152,9 @@ def kernel_cases(dry: bool) -> list[str]:
 
 
 def kernel_part(dry: bool, deadline: float, write: Write, only: Only = None) -> dict:
-    import jax
+    import jax  # this part measures in its own process; the suite's driver imports this module
 
-    from benchmarks.loss_kernel import compare
+    from benchmarks.gpu.loss_kernel import compare
     from dart_jax.train.kernels import auto_chunks
 
     shapes = DRY_KERNEL_SHAPES if dry else KERNEL_SHAPES
@@ -195,7 +194,7 @@ def chunk_candidates(chunk_tokens: int, chunk_vocab: int, tokens: int, vocab: in
 def chunk_sweep(case: dict, deadline: float, reps: int, least_s: float = 10.0) -> dict:
     """The fused kernel at the worst case's shape with other chunks, against that case's naive
     time, each while `least_s` of the part's time is left: the fix where the kernel misses."""
-    from benchmarks.loss_kernel import fused_time
+    from benchmarks.gpu.loss_kernel import fused_time
 
     shape = (case["tokens"], case["hidden"], case["vocab"], case["dtype"])
     tried = []
@@ -213,15 +212,14 @@ def chunk_sweep(case: dict, deadline: float, reps: int, least_s: float = 10.0) -
             "best": None if best is None else {k: best[k] for k in ("chunk_tokens", "chunk_vocab", "fused_over_naive_s")}}
 
 
-# ---- the publish conversion: benchmarks/publish_convert.py --------------------------------
+# ---- the publish conversion: benchmarks/gpu/publish_convert.py -----------------------------
 
 def publish_cases(dry: bool) -> list[str]:
     return []  # one measurement
 
 
 def publish_part(dry: bool, deadline: float, write: Write, only: Only = None) -> dict:
-    from benchmarks.publish_convert import BUCKET_MB, measure
-
     # dry: small buckets, so that the micro policy's tensors still fill several
-    doc = measure(2, 2, (64 << 10) if dry else BUCKET_MB << 20, dry, lambda d: write({"part": "publish", **d}))
+    doc = publish_convert.measure(2, 2, (64 << 10) if dry else publish_convert.BUCKET_MB << 20, dry,
+                                  lambda d: write({"part": "publish", **d}))
     return {"part": "publish", **doc, "targets": {}}

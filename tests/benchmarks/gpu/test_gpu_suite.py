@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_parts
-from benchmarks.gpu_suite import MARGIN_S, PARTS
+from benchmarks.gpu import gpu_parts
+from benchmarks.gpu.gpu_suite import MARGIN_S, PARTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def suite(out: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite", str(out), *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_suite", str(out), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -142,7 +142,7 @@ def test_a_part_past_its_limit_is_recorded_and_the_suite_goes_on(tmp_path):
 
 
 def test_cases_must_be_a_parts_own():
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite", "unused", "--cases", "train_step=3B:99"],
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_suite", "unused", "--cases", "train_step=3B:99"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "3B:8192" in out.stderr
 
@@ -156,14 +156,14 @@ def test_targets_tell_a_miss_from_an_unknown():
 
 
 def test_the_driver_never_starts_a_device_backend():
-    code = ("import sys, benchmarks.gpu_suite, benchmarks.train_step, benchmarks.vision_tower, "
-            "benchmarks.publish_convert; print(sorted(m for m in ('jax', 'torch') if m in sys.modules))")
+    code = ("import sys, benchmarks.gpu.gpu_suite, benchmarks.gpu.train_step, benchmarks.gpu.vision_tower, "
+            "benchmarks.gpu.publish_convert; print(sorted(m for m in ('jax', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_the_publish_buckets_are_the_publishers():
-    from benchmarks.publish_convert import BUCKET_MB
+    from benchmarks.gpu.publish_convert import BUCKET_MB
     from dart_jax.wire.config import WeightSyncConfig
 
     assert BUCKET_MB == WeightSyncConfig().bucket_mb
@@ -173,5 +173,5 @@ def test_build_gives_a_device_command_that_fits_a_call():
     text = (ROOT / "BUILD.md").read_text()
     section = text.split("### GPU figures: the prepared suite", 1)[1]
     command = re.search(r"```sh\n(.*?)\n```", section, re.S).group(1)
-    assert "benchmarks.gpu_suite $OUT" in command and "/opt/torch/.venv/bin/python3" in command
+    assert "benchmarks.gpu.gpu_suite $OUT" in command and "/opt/torch/.venv/bin/python3" in command
     assert len(command) <= 2000

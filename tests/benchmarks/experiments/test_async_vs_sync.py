@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.async_vs_sync import steady_window
+from benchmarks.experiments.async_vs_sync import steady_window
 from dart_jax.observe.records import TrainerRound
 from dart_jax.observe.utilization import trained_in
 

@@ -1,6 +1,6 @@
 """What the rollout engine sampled vs what the trainer computes for the same tokens.
 
-    .venv/bin/python -m benchmarks.parity [--trajectories 16] [--text 16]
+    .venv/bin/python -m benchmarks.components.parity [--trajectories 16] [--text 16]
 
 The tiny Qwen2.5-VL policy (fp32, init 0.1 so logits are O(1-10)). A rollout worker (vLLM
 CPU build) plays synthetic GUI episodes against a data manager and an env server: every

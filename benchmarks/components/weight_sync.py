@@ -1,8 +1,8 @@
 """Weight sync in place vs the DART way (export to disk, restart the engine), one run, both
 under the same generation load.
 
-    .venv/bin/python -m benchmarks.weight_sync [--size 0.5b|tiny] [--streams 4] [--load auto|shadow|inplace]
-                                               [--share-memory on|off] [--updates 10]
+    .venv/bin/python -m benchmarks.components.weight_sync [--size 0.5b|tiny] [--streams 4] [--updates 10]
+                                  [--load auto|shadow|inplace] [--share-memory on|off]
 
 A generated Qwen2.5-VL-shaped policy (about 0.5B parameters, fp32, 2.02 GB). The trainer
 side runs in its own process, as in a deployment: the Flax policy and the weight publisher.

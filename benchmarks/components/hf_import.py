@@ -1,7 +1,7 @@
 """Peak host memory of a Hugging Face import onto an 8-device CPU mesh (fsdp x tp).
 
-    python -m benchmarks.hf_import                # ~1 GB fp32 checkpoint, mesh 1x2x4
-    python -m benchmarks.hf_import --gb 2 --fsdp 4 --tp 2
+    python -m benchmarks.components.hf_import     # ~1 GB fp32 checkpoint, mesh 1x2x4
+    python -m benchmarks.components.hf_import --gb 2 --fsdp 4 --tp 2
 
 Writes a Qwen2.5-VL-shaped checkpoint (real vocabulary, tied embeddings, fp32, 3 shards) into a
 temporary directory tensor by tensor in small chunks, then imports it in a fresh process that
@@ -19,7 +19,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -28,9 +27,16 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
+from benchmarks.common import machine  # noqa: E402
 from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig  # noqa: E402
+from dart_jax.models.convert import specs_for  # noqa: E402
+from dart_jax.models.hf_io import load_model, safetensors_header  # noqa: E402
+from dart_jax.models.qwen25vl import abstract_model  # noqa: E402
+from dart_jax.models.sharding import make_mesh  # noqa: E402
 
 
 def bench_config(gb: float) -> Qwen25VLConfig:
@@ -47,10 +53,6 @@ def bench_config(gb: float) -> Qwen25VLConfig:
 
 def write_checkpoint(config: Qwen25VLConfig, out: Path, shards: int = 3, chunk_bytes: int = 16 << 20) -> int:
     """Random fp32 tensors in original HF names/layout, written in chunks; returns total bytes."""
-    from dart_jax.models.convert import specs_for
-    from dart_jax.models.hf_io import safetensors_header
-    from dart_jax.models.qwen25vl import abstract_model
-
     _, abstract = abstract_model(config)
     specs = specs_for(abstract, config)
     sizes = [int(np.prod(s.hf_shape)) * 4 for s in specs]
@@ -90,12 +92,6 @@ def _rss() -> int:
 
 def measure(path: Path, fsdp: int, tp: int) -> dict:
     """Import `path` onto a (1, fsdp, tp) mesh in this process; peak RSS above the baseline."""
-    import jax
-    from flax import nnx
-
-    from dart_jax.models.hf_io import load_model
-    from dart_jax.models.sharding import make_mesh
-
     mesh = make_mesh(1, fsdp, tp)
     jax.numpy.zeros(8).block_until_ready()
     baseline = _rss()
@@ -127,12 +123,6 @@ def measure(path: Path, fsdp: int, tp: int) -> dict:
     }
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{platform.node()} {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Python {platform.python_version()}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=1.0)
@@ -148,7 +138,7 @@ def main() -> None:
         t0 = time.perf_counter()
         size = write_checkpoint(config, Path(tmp))
         write_s = time.perf_counter() - t0
-        cmd = [sys.executable, "-m", "benchmarks.hf_import", "--measure", tmp, "--fsdp", str(args.fsdp), "--tp", str(args.tp)]
+        cmd = [sys.executable, "-m", "benchmarks.components.hf_import", "--measure", tmp, "--fsdp", str(args.fsdp), "--tp", str(args.tp)]
         child = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if child.returncode:
             sys.exit(f"import failed:\n{child.stderr[-4000:]}")

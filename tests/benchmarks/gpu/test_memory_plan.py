@@ -2,7 +2,7 @@
 
 import os
 
-from benchmarks import memory_plan
+from benchmarks.gpu import memory_plan
 
 ASSIGNMENT = """BufferAssignment:
 allocation 0: size 4096, parameter 0, shape |f32[32,32]| at ShapeIndex {}:

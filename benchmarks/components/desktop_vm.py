@@ -1,6 +1,6 @@
 """Desktop VMs under QEMU: boot, snapshot-restore reset, step, memory, for 1 and 2 VMs.
 
-    python -m benchmarks.desktop_vm [--vms 1,2] [--resets 20] [--steps 20] [--accel auto]
+    python -m benchmarks.components.desktop_vm [--vms 1,2] [--resets 20] [--steps 20] [--accel auto]
 
 First the saved booted desktop of this configuration is dropped, so the first VM boots the
 `make setup-vm` image cold (until its in-VM server answers) and saves it again: that is

@@ -1,6 +1,6 @@
 """Env server throughput: steps/s and mean slot utilization.
 
-    python -m benchmarks.env_server [--seconds 20]
+    python -m benchmarks.components.env_server [--seconds 20]
 
 For each configuration (MiniWoB++ with 1, 2 and 4 slots; synthetic with 16 slots) the env
 server runs as its own process and this process drives one asyncio client with one
@@ -26,7 +26,9 @@ import time
 from dart_jax.wire import WireConfig
 from dart_jax.wire.messages import TaskSpec
 from dart_jax.wire.env_client import EnvClient, EnvSession
+from envs.actions import DEFAULT_SPACE
 from envs.config import EnvServerConfig, MiniWoBSlots, SyntheticSlots
+from envs.server import serving
 
 MINIWOB_TASKS = ("click-button", "click-checkboxes", "enter-text", "focus-text", "click-test-2",
                  "choose-list", "click-dialog", "login-user")
@@ -35,14 +37,12 @@ MAX_STEPS = 10
 
 
 def _serve(cfg: EnvServerConfig, ready, stop) -> None:
-    from envs.server import serving
     with serving(cfg):
         ready.set()
         stop.wait()
 
 
 def _random_action(rng: random.Random, width: int, height: int) -> str:
-    from envs.actions import DEFAULT_SPACE
     mw, mh = DEFAULT_SPACE.model_size(width, height)
     point = f"'({rng.randint(0, mw)},{rng.randint(0, mh)})'"
     roll = rng.random()
