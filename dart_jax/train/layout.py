@@ -43,8 +43,8 @@ class Layout:
     local: dict[int, list[LocalPiece]]  # bucket index -> its pieces, for the buckets this host serves
 
 
-def plan(specs: list[ParamSpec], shapes: dict[tuple, jax.ShapeDtypeStruct], dtype: str, bucket_bytes: int,
-         processes: int, process: int) -> Layout:
+def layout_for(specs: list[ParamSpec], shapes: dict[tuple, jax.ShapeDtypeStruct], dtype: str, bucket_bytes: int,
+               processes: int, process: int) -> Layout:
     """Tensors in checkpoint order (`specs`), each cut into the blocks its parameter's
     sharding gives it (`shapes`: the converted parameters); each distinct block served by
     one device holding it (replicated blocks rotate among their holders, tensor by tensor),

@@ -44,7 +44,7 @@ import numpy as np
 
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.convert import hf_device_shapes, specs_for, to_hf_device
-from dart_jax.train.layout import Layout, plan
+from dart_jax.train.layout import Layout, layout_for
 from dart_jax.wire import Server
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import (Error, Message, WeightAnnounce, WeightBucket, WeightBucketShared, WeightLatest,
@@ -172,8 +172,8 @@ class WeightPublisher:
         key = tuple((path, x.shape, x.dtype, x.sharding) for path, x in shapes.items())
         if key not in self._layouts:
             specs = specs_for(params, self.model_config)
-            self._layouts = {key: plan(specs, shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
-                                       self.processes, self.process)}
+            self._layouts = {key: layout_for(specs, shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
+                                             self.processes, self.process)}
         return self._layouts[key]
 
     def _fill(self, served: Served, converting, layout: Layout) -> dict[str, float]:
