@@ -56,7 +56,7 @@ from dart_jax.config import from_dict
 from dart_jax.wire import codec
 from dart_jax.wire.config import WireConfig
 from dart_jax.wire.messages import TensorInfo, WeightAnnounce
-from dart_jax.wire.weights import Puller
+from rollout_gpu.pull import Puller
 
 log = logging.getLogger(__name__)
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
