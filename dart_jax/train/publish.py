@@ -1,6 +1,7 @@
-"""The weight publisher: the trainer side of weight sync, and the owner of the policy version.
+"""The weight publisher: the trainer side of weight sync, and what advances the policy version.
 
-    publisher = WeightPublisher(cfg.weights, model_config, state_file=run.root / "weights.json")
+    publisher = WeightPublisher(cfg.weights, model_config, state_file=run.root / "weights.json",
+                                version=trainer.version)
     version = publisher.publish(trainer.state.params)   # version = number of publishes
 
 Every host of the trainer runs `publish`. Each converts its own shards on its devices
@@ -22,17 +23,18 @@ byte, not a trip through the network stack. Workers elsewhere are sent bytes as 
 
 Versions only grow, across restarts too: `state_file` records the last one published, and
 a resumed trainer publishes its restored weights under a new number (workers may hold a
-version published after the checkpoint it resumed from). The newest `keep_versions`
-versions are served, so a worker in the middle of a pull finishes it.
+version published after the checkpoint it resumed from). The count is the trainer's
+`PolicyVersion` (`dart_jax.train.version`), which the publisher alone advances. The layout
+of a version (which bytes of which devices fill which bucket) is `dart_jax.train.layout`'s.
+The newest `keep_versions` versions are served, so a worker in the middle of a pull
+finishes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
-import os
 import socket
 import threading
 import time
@@ -45,6 +47,7 @@ import numpy as np
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.convert import hf_device_shapes, specs_for, to_hf_device
 from dart_jax.train.layout import Layout, layout_for
+from dart_jax.train.version import PolicyVersion, record, recorded
 from dart_jax.wire import Server
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import (Error, Message, WeightAnnounce, WeightBucket, WeightBucketShared, WeightLatest,
@@ -76,14 +79,16 @@ class Served:
 
 
 class WeightPublisher:
-    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *, state_file: Path | None = None):
+    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *, state_file: Path | None = None,
+                 version: PolicyVersion | None = None):
         self.cfg, self.model_config, self.state_file = cfg, model_config, state_file
         self.process, self.processes = jax.process_index(), jax.process_count()
         self.lead = self.process == 0
-        self.version = _read_version(state_file) if self.lead else 0
+        self.version = PolicyVersion() if version is None else version  # advanced here alone
+        self.version.value = recorded(state_file) if self.lead else 0
         if self.processes > 1:  # process 0's record holds (other hosts may not see the file)
             from jax.experimental import multihost_utils
-            self.version = int(multihost_utils.broadcast_one_to_all(np.int64(self.version)))
+            self.version.value = int(multihost_utils.broadcast_one_to_all(np.int64(self.version.value)))
         self._versions: OrderedDict[int, Served] = OrderedDict()
         self._changed = threading.Condition()
         self._layouts: dict[tuple, Layout] = {}
@@ -116,7 +121,7 @@ class WeightPublisher:
     def publish(self, params) -> int:
         """Announce, convert, fill and serve `params` as the next version; returns it."""
         start = time.perf_counter()
-        version = self.version + 1
+        version = self.version.value + 1
         layout = self._layout(params)
         ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
                              total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
@@ -130,9 +135,9 @@ class WeightPublisher:
                 self.pub.send(ann)
         announced = time.perf_counter()
         times = self._fill(served, to_hf_device(params, self.model_config, self.cfg.dtype, reuse), layout)
-        self.version = version
+        self.version.value = version
         if self.lead:
-            _write_version(self.state_file, version)
+            record(self.state_file, version)
         end = time.perf_counter()
         local = sum(b.nbytes for b in layout.buckets if b.host == self.process)
         self.stages = {"announce_s": announced - start, **times, "publish_s": end - start,
@@ -259,13 +264,13 @@ class WeightPublisher:
         announce it before every host has queued its conversion)."""
         deadline = time.monotonic() + self.cfg.serve.timeout_s
         with self._changed:
-            while version == self.version + 1 and version not in self._versions:
+            while version == self.version.value + 1 and version not in self._versions:
                 if not self._changed.wait(max(0.0, deadline - time.monotonic())):
                     break
             return self._versions.get(version)
 
     def info(self) -> dict:
-        return {"process": self.process, "version": self.version, "bytes_served": self.bytes_served,
+        return {"process": self.process, "version": self.version.value, "bytes_served": self.bytes_served,
                 "bytes_shared": self.bytes_shared}
 
     def _reannounce(self) -> None:
@@ -302,17 +307,3 @@ def _exchange(endpoint: str, processes: int) -> list[str]:
     raw[:len(endpoint)] = np.frombuffer(endpoint.encode(), np.uint8)
     return [bytes(row).rstrip(b"\0").decode() for row in np.asarray(multihost_utils.process_allgather(raw))]
 
-
-def _read_version(path: Path | None) -> int:
-    if path is None or not path.exists():
-        return 0
-    return int(json.loads(path.read_text())["version"])
-
-
-def _write_version(path: Path | None, version: int) -> None:
-    """Atomically: a crash leaves the old record or the new one, never half of one."""
-    if path is None:
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"version": version, "time": time.time()}))
-    os.replace(tmp, path)
