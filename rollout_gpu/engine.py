@@ -52,9 +52,10 @@ from dart_jax.wire.messages import WeightAnnounce
 from dart_jax.wire.weights import WeightTransferError, canonical_hf_name, check_tensors
 from rollout_gpu.config import EngineConfig, SamplingConfig, kv_bytes_per_token
 from rollout_gpu.episode import Sample
+from rollout_gpu.vllm_ext import ABORT, BEGIN, COMMIT, STATUS, WeightSyncExtension
 
 log = logging.getLogger(__name__)
-EXTENSION = "rollout_gpu.vllm_ext.WeightSyncExtension"
+EXTENSION = f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}"
 PULL_GRACE_S = 30.0  # beyond the pull timeout: the worker's own deadline fires first
 
 
@@ -201,7 +202,7 @@ class Engine:
             # are salted by version) and marks what the update cut across
             await self.llm.pause_generation(mode=self.cfg.pause, clear_cache=self.cfg.pause == "wait")
             try:
-                await self.llm.collective_rpc("dart_commit_update")
+                await self.llm.collective_rpc(COMMIT)
             except Exception as e:
                 raise await self._broken(f"loading version {ann.version} failed at the pause ({type(e).__name__}: "
                                          f"{e}); the model may hold parts of versions {self.version} and "
@@ -230,7 +231,7 @@ class Engine:
         endpoint = f"ipc:///tmp/dart-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         sock.bind(endpoint)
         try:
-            await self.llm.collective_rpc("dart_begin_update", args=(
+            await self.llm.collective_rpc(BEGIN, args=(
                 codec.to_bytes(ann), to_dict(weights.serve), self.load_mode, endpoint, weights.pull_timeout_s,
                 weights.pull_depth))
             deadline = time.monotonic() + weights.pull_timeout_s + PULL_GRACE_S
@@ -238,14 +239,14 @@ class Engine:
                 if not await sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                     break
                 await sock.recv()
-            states = await self.llm.collective_rpc("dart_update_status")
+            states = await self.llm.collective_rpc(STATUS)
         finally:
             sock.close(0)
             ctx.term()
             Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
         failed = [s for s in states if s["state"] != "ready" or s["version"] != ann.version]
         if failed:
-            await self.llm.collective_rpc("dart_abort_update")
+            await self.llm.collective_rpc(ABORT)
             return failed[0]["error"] or f"pull of version {ann.version} not done within {weights.pull_timeout_s} s", 0.0
         return "", max(s["pulled_at"] for s in states)
 

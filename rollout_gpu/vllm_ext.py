@@ -6,11 +6,14 @@ The one file that reaches into vLLM's internals. Driven by `rollout_gpu.engine` 
     dart_begin_update(announce, serve, mode, notify, timeout_s, depth)
                                                start pulling a version on a background thread;
                                                `notify` (a ZeroMQ endpoint) hears when it ends
-    dart_update_status()                       {"state": "idle|pulling|ready|failed", ...}
+    dart_update_status()                       {"state": "idle|pulling|ready|failed", ...} (`PullJob.status`)
     dart_commit_update()                       at a pause: make the pulled version live
     dart_abort_update()                        stop a pull (its threads end) or drop a pulled version
 
-The pull runs beside the engine, which keeps generating: `wire.weights.Puller` fetches
+The engine calls them by the names this module exports (`BEGIN`, `STATUS`, `COMMIT`, `ABORT`:
+vLLM dispatches by method name); the version in flight is a `PullJob`.
+
+The pull runs beside the engine, which keeps generating: `rollout_gpu.pull.Puller` fetches
 every trainer host's buckets at once (through shared memory from a host on this machine
 that offers it), checks each before a byte of it is read and reassembles the tensors
 (buffers and mapped regions kept across versions), within `timeout_s`. Two ways to load, by `mode`:
@@ -40,13 +43,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import os
 import threading
 import time
 import warnings
 from types import MethodType
-from typing import Iterator
+from typing import Iterator, Literal
 
 import numpy as np
 import torch
@@ -56,7 +60,7 @@ from dart_jax.config import from_dict
 from dart_jax.wire import codec
 from dart_jax.wire.config import WireConfig
 from dart_jax.wire.messages import TensorInfo, WeightAnnounce
-from dart_jax.wire.weights import Puller
+from rollout_gpu.pull import Puller
 
 log = logging.getLogger(__name__)
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -182,10 +186,31 @@ def _unpin_this_thread() -> None:
         os.sched_setaffinity(0, os.sched_getaffinity(os.getppid()))
 
 
-def _stamped(tensors: Iterator, job: dict) -> Iterator:
-    """`tensors`, stamping the job when the last one has arrived (shadow: loaded up to its layer)."""
-    yield from tensors
-    job["pulled_at"] = time.time()
+@dataclasses.dataclass
+class PullJob:
+    """One version pulled beside generation on its own thread (`thread`, stopped through
+    `cancel`), then held until the commit makes it live or an abort drops it. The pull thread
+    advances `state` and the times; the engine's RPCs read them (`status`)."""
+    version: int
+    mode: Literal["shadow", "inplace"]
+    thread: threading.Thread | None = None
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    state: Literal["pulling", "ready", "failed"] = "pulling"
+    error: str = ""
+    started: float = dataclasses.field(default_factory=time.time)
+    pulled_at: float = 0.0  # the last tensor arrived (shadow: and was loaded up to its layer)
+    ready_at: float = 0.0
+    result: object = None  # shadow: the loaded clones (`load_shadow`); inplace: the checked tensors
+
+    def status(self) -> dict:
+        """What `dart_update_status` answers: a plain dict, as it crosses vLLM's RPC."""
+        return {"state": self.state, "version": self.version, "error": self.error, "mode": self.mode,
+                "started": self.started, "pulled_at": self.pulled_at, "ready_at": self.ready_at}
+
+    def stamped(self, tensors: Iterator) -> Iterator:
+        """`tensors`, stamping `pulled_at` when the last one has arrived."""
+        yield from tensors
+        self.pulled_at = time.time()
 
 
 def _notify(endpoint: str, version: int) -> None:
@@ -213,31 +238,30 @@ class WeightSyncExtension:
         self.dart_abort_update()
         ann = codec.from_bytes(announce, WeightAnnounce)
         wire = from_dict(WireConfig, serve, "weight serve config")
-        job = self._dart = {"version": ann.version, "state": "pulling", "error": "", "mode": mode, "started": time.time(),
-                            "pulled_at": 0.0, "ready_at": 0.0, "result": None, "cancel": threading.Event()}
-        job["thread"] = threading.Thread(target=self._dart_pull, args=(ann, wire, mode, job, notify, timeout_s, depth),
-                                         name=f"dart-pull-v{ann.version}", daemon=True)
-        job["thread"].start()
+        job = self._dart = PullJob(ann.version, mode)
+        job.thread = threading.Thread(target=self._dart_pull, args=(ann, wire, job, notify, timeout_s, depth),
+                                      name=f"dart-pull-v{ann.version}", daemon=True)
+        job.thread.start()
 
-    def _dart_pull(self, ann: WeightAnnounce, wire: WireConfig, mode: str, job: dict, notify: str,
-                   timeout_s: float, depth: int) -> None:
+    def _dart_pull(self, ann: WeightAnnounce, wire: WireConfig, job: PullJob, notify: str, timeout_s: float,
+                   depth: int) -> None:
         _unpin_this_thread()
         buffers = self.__dict__.setdefault("_dart_buffers", {})
         regions = self.__dict__.setdefault("_dart_regions", {})
         try:
             with Puller(ann, wire, timeout_s=timeout_s, depth=depth, buffers=buffers, regions=regions,
-                        cancel=job["cancel"]) as pull:
-                tensors = _stamped(as_tensors(iter(pull)), job)
-                if mode == "shadow":
+                        cancel=job.cancel) as pull:
+                tensors = job.stamped(as_tensors(iter(pull)))
+                if job.mode == "shadow":
                     result = load_shadow(self.model_runner.get_model(), tensors, self.vllm_config.model_config,
                                          self.__dict__.pop("_dart_spare", None))
                 else:  # keep the checked bytes; the tensors view them
                     result = list(tensors)
-            job.update(result=result, state="ready", ready_at=time.time())
+            job.result, job.state, job.ready_at = result, "ready", time.time()
         except Exception as e:  # contained: the live model is untouched; the engine serves on
             log.warning("weight version %d not loaded: %s: %s", ann.version, type(e).__name__, e)
-            job.update(state="failed", error=f"{type(e).__name__}: {e}", result=None)
-        _notify(notify, job["version"])
+            job.state, job.error, job.result = "failed", f"{type(e).__name__}: {e}", None
+        _notify(notify, job.version)
 
     def dart_update_status(self) -> dict:
         """The pull's state, and how many pull threads run in this process (0 once stopped)."""
@@ -245,25 +269,24 @@ class WeightSyncExtension:
         job = getattr(self, "_dart", None)
         if job is None:
             return {"state": "idle", "version": -1, "error": "", "threads": threads}
-        keys = ("state", "version", "error", "mode", "started", "pulled_at", "ready_at")
-        return {k: job[k] for k in keys} | {"threads": threads}
+        return job.status() | {"threads": threads}
 
     def dart_commit_update(self) -> dict:
         """Make the pulled version live (the engine is paused); returns the load time. An
         inplace load that raises may have written part of the model: the caller must not
         serve it under any version."""
         job = getattr(self, "_dart", None)
-        if job is None or job["state"] != "ready":
-            raise RuntimeError(f"no pulled version to commit ({None if job is None else job['state']})")
+        if job is None or job.state != "ready":
+            raise RuntimeError(f"no pulled version to commit ({None if job is None else job.state})")
         self._dart = None
         start = time.perf_counter()
-        if job["mode"] == "shadow":
-            self._dart_spare = swap_in(job["result"])
+        if job.mode == "shadow":
+            self._dart_spare = swap_in(job.result)
         else:
-            self.reload_weights(weights_iterator=iter(job["result"]))
+            self.reload_weights(weights_iterator=iter(job.result))
         self.model_runner.reset_encoder_cache()
         self.model_runner.reset_mm_cache()
-        return {"version": job["version"], "load_s": time.perf_counter() - start}
+        return {"version": job.version, "load_s": time.perf_counter() - start}
 
     def dart_abort_update(self) -> bool:
         """Stop the pull in flight, wait for its thread, drop what it pulled; False when the
@@ -271,6 +294,12 @@ class WeightSyncExtension:
         job, self._dart = getattr(self, "_dart", None), None
         if job is None:
             return True
-        job["cancel"].set()
-        job["thread"].join(ABORT_WAIT_S)
-        return not job["thread"].is_alive()
+        job.cancel.set()
+        job.thread.join(ABORT_WAIT_S)
+        return not job.thread.is_alive()
+
+
+# the names the engine calls through vLLM's `collective_rpc`, which dispatches by method name
+BEGIN, STATUS, COMMIT, ABORT = (m.__name__ for m in (
+    WeightSyncExtension.dart_begin_update, WeightSyncExtension.dart_update_status,
+    WeightSyncExtension.dart_commit_update, WeightSyncExtension.dart_abort_update))

@@ -11,7 +11,8 @@ from dart_jax.wire import Client, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.messages import Ping, WeightAnnounce
 from dart_jax.wire.pubsub import Subscriber
-from dart_jax.wire.weights import Puller, WeightTransferError
+from dart_jax.wire.weights import WeightTransferError
+from rollout_gpu.pull import Puller
 
 
 class Follower:

@@ -136,7 +136,7 @@ def alone(params, config) -> dict:
 
 def pull_alone(publisher, shared: bool) -> dict:
     from dart_jax.wire import WireConfig
-    from dart_jax.wire.weights import Puller
+    from rollout_gpu.pull import Puller
 
     ann = next(reversed(publisher._versions.values())).announce
     buffers, regions = {}, {}  # kept across pulls, as the worker keeps them across versions

@@ -1,7 +1,7 @@
 """The trainer's heartbeats to the data manager (process 0 only): how `dart-jax run` watches a
 trainer it did not start as a child, such as the hosts of a TPU slice.
 
-    with Heartbeat(cfg.data.wire, period_s, lambda: (trainer.step, trainer.policy_version)) as beat:
+    with Heartbeat(cfg.data.wire, period_s, lambda: (trainer.step, trainer.version.value)) as beat:
         ...                                  # train
         beat.finish()                        # the last beat says "finished"; an exception: "failed"
 

@@ -71,7 +71,6 @@ def rl_loop(trainer: Trainer, source: DataManagerSource, collator: Collator, pub
     stop, metrics = EarlyStop(trainer, ckpt, source, budget or Budget(), log), Deferred(log)
     source.until = stop.budget.ends_at()  # a batch wait ends with the budget
     while trainer.step < steps and not stop.out_of_time(metrics):
-        source.trainer_version = publisher.version
         fetched = time.time()
         try:
             batch = next(source)
@@ -83,12 +82,12 @@ def rl_loop(trainer: Trainer, source: DataManagerSource, collator: Collator, pub
         metrics.flush()
         jax.block_until_ready(trainer.state)  # the update's own time ends here, not in the publish
         published = time.time()
-        trainer.policy_version = publisher.publish(trainer.state.params)
+        version = publisher.publish(trainer.state.params)
         metrics.defer(trainer.step, update, {
             "batch/id": batch.batch_id, "batch/trajectories": len(batch.trajectories),
-            "batch/injected": len(batch.injected), "policy/version": trainer.policy_version,
+            "batch/injected": len(batch.injected), "policy/version": version,
             "time/fetch_start": fetched, "time/update_start": started, "time/publish_start": published,
-            "time/publish_end": time.time(), **_staleness(batch, trainer.policy_version)})
+            "time/publish_end": time.time(), **_staleness(batch, version)})
         _checkpoint(trainer, ckpt, source, before, steps)
     _finish(metrics, ckpt)
 
@@ -180,7 +179,7 @@ def resume(trainer: Trainer, source: DataManagerSource, publisher: WeightPublish
         return
     source.set_state(data_state)
     # workers may hold versions published after this checkpoint: the restored weights get a new one
-    trainer.policy_version = publisher.publish(trainer.state.params)
+    publisher.publish(trainer.state.params)
 
 
 def _crossed(before: int, after: int, every: int) -> bool:

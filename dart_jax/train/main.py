@@ -89,7 +89,7 @@ def main(cfg, run: RunDir) -> dict:
 
     if not (lead and tcfg.mode == "rl"):
         return _train(cfg, run, trainer, collator, hf_dir, lead, record, metrics, last)
-    with Heartbeat(cfg.data.wire, cfg.run.heartbeat_s, lambda: (trainer.step, trainer.policy_version)) as beat:
+    with Heartbeat(cfg.data.wire, cfg.run.heartbeat_s, lambda: (trainer.step, trainer.version.value)) as beat:
         _train(cfg, run, trainer, collator, hf_dir, lead, record, metrics, last)
         beat.finish()
     return last
@@ -105,8 +105,10 @@ def _train(cfg, run: RunDir, trainer: Trainer, collator: Collator, hf_dir: Path,
                                                screen_cache_bytes=tcfg.screen_cache_bytes))
             loop.sft_loop(trainer, source, ckpt, cfg.train.steps, record, loop.Budget(cfg.train.max_seconds))
         else:
-            publisher = WeightPublisher(cfg.weights, hf_io.read_config(hf_dir), state_file=run.root / "weights.json")
-            source = DataManagerSource(cfg.data.wire, collator, max_wait_s=cfg.train.batch_wait_s)
+            publisher = WeightPublisher(cfg.weights, hf_io.read_config(hf_dir), state_file=run.root / "weights.json",
+                                        version=trainer.version)
+            source = DataManagerSource(cfg.data.wire, collator, max_wait_s=cfg.train.batch_wait_s,
+                                       version=trainer.version)
             try:
                 loop.rl_loop(trainer, source, collator, publisher, ckpt, cfg.train.steps, record,
                              loop.Budget(cfg.train.max_seconds))

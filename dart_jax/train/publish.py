@@ -1,6 +1,7 @@
-"""The weight publisher: the trainer side of weight sync, and the owner of the policy version.
+"""The weight publisher: the trainer side of weight sync, and what advances the policy version.
 
-    publisher = WeightPublisher(cfg.weights, model_config, state_file=run.root / "weights.json")
+    publisher = WeightPublisher(cfg.weights, model_config, state_file=run.root / "weights.json",
+                                version=trainer.version)
     version = publisher.publish(trainer.state.params)   # version = number of publishes
 
 Every host of the trainer runs `publish`. Each converts its own shards on its devices
@@ -22,18 +23,18 @@ byte, not a trip through the network stack. Workers elsewhere are sent bytes as 
 
 Versions only grow, across restarts too: `state_file` records the last one published, and
 a resumed trainer publishes its restored weights under a new number (workers may hold a
-version published after the checkpoint it resumed from). The newest `keep_versions`
-versions are served, so a worker in the middle of a pull finishes it.
+version published after the checkpoint it resumed from). The count is the trainer's
+`PolicyVersion` (`dart_jax.train.version`), which the publisher alone advances. The layout
+of a version (which bytes of which devices fill which bucket) is `dart_jax.train.layout`'s.
+The newest `keep_versions` versions are served, so a worker in the middle of a pull
+finishes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
-import math
-import os
 import socket
 import threading
 import time
@@ -44,75 +45,19 @@ import jax
 import numpy as np
 
 from dart_jax.models.config import Qwen25VLConfig
-from dart_jax.models.convert import ParamSpec, hf_device_shapes, specs_for, to_hf_device
+from dart_jax.models.convert import hf_device_shapes, specs_for, to_hf_device
+from dart_jax.train.layout import Layout, layout_for
+from dart_jax.train.version import PolicyVersion, record, recorded
 from dart_jax.wire import Server
 from dart_jax.wire.config import WeightSyncConfig
-from dart_jax.wire.messages import (Error, Message, PieceInfo, TensorInfo, WeightAnnounce, WeightBucket,
-                                    WeightBucketInfo, WeightBucketShared, WeightLatest, WeightPull)
+from dart_jax.wire.messages import (Error, Message, WeightAnnounce, WeightBucket, WeightBucketShared, WeightLatest,
+                                    WeightPull)
 from dart_jax.wire.pubsub import Publisher
 from dart_jax.wire.shm import Region, RegionDir, RegionError, available
-from dart_jax.wire.weights import ITEMSIZE, checksum, pack_buckets, split_block
+from dart_jax.wire.weights import checksum
 
 log = logging.getLogger(__name__)
 LOOKAHEAD = 2  # parameters converted (device-to-host copies started) ahead of the bucket being filled
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalPiece:
-    """Where a piece's bytes lie on this host: a byte range of one device's shard of one
-    converted parameter (all its layers, for a stacked one)."""
-    param: int  # position in the conversion order
-    device: jax.Device
-    offset: int
-    nbytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """A version's tensors and buckets (every host's) and this host's pieces per bucket.
-    A pure function of shapes, shardings and the bucket size: every host computes the same."""
-    tensors: list[TensorInfo]
-    buckets: list[WeightBucketInfo]
-    local: dict[int, list[LocalPiece]]  # bucket index -> its pieces, for the buckets this host serves
-
-
-def plan(specs: list[ParamSpec], shapes: dict[tuple, jax.ShapeDtypeStruct], dtype: str, bucket_bytes: int,
-         processes: int, process: int) -> Layout:
-    """Tensors in checkpoint order (`specs`), each cut into the blocks its parameter's
-    sharding gives it (`shapes`: the converted parameters); each distinct block served by
-    one device holding it (replicated blocks rotate among their holders, tensor by tensor),
-    cut into rows that fit a bucket."""
-    order = {path: i for i, path in enumerate(shapes)}
-    tensors = [TensorInfo(name=s.hf_name, dtype=dtype, shape=list(s.hf_shape)) for s in specs]
-    host_pieces: list[list[PieceInfo]] = [[] for _ in range(processes)]
-    where: dict[int, LocalPiece] = {}
-    size = ITEMSIZE[dtype]
-    for t, spec in enumerate(specs):
-        x = shapes[spec.path]
-        for device, start, shape in _owned_blocks(x, t):
-            if spec.layer is not None:  # the block of one layer, inside the shard of all of them
-                if not start[0] <= spec.layer < start[0] + shape[0]:
-                    continue
-                layer_offset = (spec.layer - start[0]) * math.prod(shape[1:])
-                start, shape = start[1:], shape[1:]
-            else:
-                layer_offset = 0
-            for s, sh in split_block(start, shape, size, bucket_bytes):
-                piece = PieceInfo(tensor=t, start=list(s), shape=list(sh))
-                host_pieces[device.process_index].append(piece)
-                offset = layer_offset + (int(np.ravel_multi_index(np.subtract(s, start), shape)) if shape else 0)
-                where[id(piece)] = LocalPiece(order[spec.path], device, offset * size, math.prod(sh) * size)
-    buckets = pack_buckets(host_pieces, tensors, bucket_bytes)
-    local = {b.index: [where[id(p)] for p in b.pieces] for b in buckets if b.host == process}
-    return Layout(tensors, buckets, local)
-
-
-def _owned_blocks(x: jax.ShapeDtypeStruct, rotation: int) -> list[tuple[jax.Device, tuple[int, ...], tuple[int, ...]]]:
-    holders: dict[tuple, list[jax.Device]] = {}
-    for device, index in x.sharding.devices_indices_map(x.shape).items():
-        holders.setdefault(tuple(s.indices(n)[:2] for s, n in zip(index, x.shape)), []).append(device)
-    return [(devices[rotation % len(devices)], tuple(a for a, _ in block), tuple(b - a for a, b in block))
-            for block, devices in holders.items()]
 
 
 @dataclasses.dataclass
@@ -134,14 +79,16 @@ class Served:
 
 
 class WeightPublisher:
-    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *, state_file: Path | None = None):
+    def __init__(self, cfg: WeightSyncConfig, model_config: Qwen25VLConfig, *, state_file: Path | None = None,
+                 version: PolicyVersion | None = None):
         self.cfg, self.model_config, self.state_file = cfg, model_config, state_file
         self.process, self.processes = jax.process_index(), jax.process_count()
         self.lead = self.process == 0
-        self.version = _read_version(state_file) if self.lead else 0
+        self.version = PolicyVersion() if version is None else version  # advanced here alone
+        self.version.value = recorded(state_file) if self.lead else 0
         if self.processes > 1:  # process 0's record holds (other hosts may not see the file)
             from jax.experimental import multihost_utils
-            self.version = int(multihost_utils.broadcast_one_to_all(np.int64(self.version)))
+            self.version.value = int(multihost_utils.broadcast_one_to_all(np.int64(self.version.value)))
         self._versions: OrderedDict[int, Served] = OrderedDict()
         self._changed = threading.Condition()
         self._layouts: dict[tuple, Layout] = {}
@@ -174,7 +121,7 @@ class WeightPublisher:
     def publish(self, params) -> int:
         """Announce, convert, fill and serve `params` as the next version; returns it."""
         start = time.perf_counter()
-        version = self.version + 1
+        version = self.version.value + 1
         layout = self._layout(params)
         ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
                              total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
@@ -188,9 +135,9 @@ class WeightPublisher:
                 self.pub.send(ann)
         announced = time.perf_counter()
         times = self._fill(served, to_hf_device(params, self.model_config, self.cfg.dtype, reuse), layout)
-        self.version = version
+        self.version.value = version
         if self.lead:
-            _write_version(self.state_file, version)
+            record(self.state_file, version)
         end = time.perf_counter()
         local = sum(b.nbytes for b in layout.buckets if b.host == self.process)
         self.stages = {"announce_s": announced - start, **times, "publish_s": end - start,
@@ -230,8 +177,8 @@ class WeightPublisher:
         key = tuple((path, x.shape, x.dtype, x.sharding) for path, x in shapes.items())
         if key not in self._layouts:
             specs = specs_for(params, self.model_config)
-            self._layouts = {key: plan(specs, shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
-                                       self.processes, self.process)}
+            self._layouts = {key: layout_for(specs, shapes, self.cfg.dtype, self.cfg.bucket_mb * 2**20,
+                                             self.processes, self.process)}
         return self._layouts[key]
 
     def _fill(self, served: Served, converting, layout: Layout) -> dict[str, float]:
@@ -317,13 +264,13 @@ class WeightPublisher:
         announce it before every host has queued its conversion)."""
         deadline = time.monotonic() + self.cfg.serve.timeout_s
         with self._changed:
-            while version == self.version + 1 and version not in self._versions:
+            while version == self.version.value + 1 and version not in self._versions:
                 if not self._changed.wait(max(0.0, deadline - time.monotonic())):
                     break
             return self._versions.get(version)
 
     def info(self) -> dict:
-        return {"process": self.process, "version": self.version, "bytes_served": self.bytes_served,
+        return {"process": self.process, "version": self.version.value, "bytes_served": self.bytes_served,
                 "bytes_shared": self.bytes_shared}
 
     def _reannounce(self) -> None:
@@ -360,17 +307,3 @@ def _exchange(endpoint: str, processes: int) -> list[str]:
     raw[:len(endpoint)] = np.frombuffer(endpoint.encode(), np.uint8)
     return [bytes(row).rstrip(b"\0").decode() for row in np.asarray(multihost_utils.process_allgather(raw))]
 
-
-def _read_version(path: Path | None) -> int:
-    if path is None or not path.exists():
-        return 0
-    return int(json.loads(path.read_text())["version"])
-
-
-def _write_version(path: Path | None, version: int) -> None:
-    """Atomically: a crash leaves the old record or the new one, never half of one."""
-    if path is None:
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"version": version, "time": time.time()}))
-    os.replace(tmp, path)

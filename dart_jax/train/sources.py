@@ -15,9 +15,8 @@ Offline / SFT, a grain pipeline of host-local TrainBatches with a checkpointable
 RL, one curated GRPO batch per round, laid out in microbatches (built later, by the trainer's
 RL preparation: train/prepare.py):
 
-    source = DataManagerSource(wire_cfg, collator)      # state: the last consumed batch_id
-    source.trainer_version = policy_version             # the loop sets it before each next()
-    batch = next(source)                                # RLBatch (blocks until one is ready)
+    source = DataManagerSource(wire_cfg, collator, version=trainer.version)  # state: the last batch_id
+    batch = next(source)              # RLBatch curated for the current policy version (blocks until ready)
     checkpoint meta: source.get_state(); after a restore, source.set_state(meta) and the data
     manager replays the same batches (it records every batch it hands out).
 
@@ -42,6 +41,7 @@ from dart_jax.train.collate import Collator, StepFilter, build_batch, dense_ids,
 from dart_jax.train.config import SCREEN_CACHE_BYTES
 from dart_jax.train.packing import global_bucket, microbatch_rows
 from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache, ScreenSource
+from dart_jax.train.version import PolicyVersion
 from dart_jax.wire import Client, Message, WireConfig, WireTimeout, from_bytes, to_bytes
 from dart_jax.wire.messages import (MAX_SCREENSHOTS_PER_REQUEST, BatchRequest, CuratedBatch, NoBatch,
                                     ScreenshotRequest, Screenshots, Step, Trajectory)
@@ -147,7 +147,8 @@ class DataManagerSource:
     `retry_after_s` on each NoBatch (up to `max_wait_s`, then NoBatchWithin on every host;
     None: forever). `until` (a `time.monotonic()` value, or None) ends a batch wait sooner:
     the trainer's budget.
-    Set `trainer_version` before each `next()`: the data manager curates for it (staleness).
+    Each request carries the trainer's policy version (`version`, which the publisher
+    advances): the data manager curates for it (staleness).
     On a multi-host trainer only process 0 asks for batches; it broadcasts the batch (its
     msgpack bytes: screenshots travel by reference) to the others, every host plans the same
     microbatches, and each fetches the screenshots of its own rows (`fetch_screenshots`).
@@ -155,12 +156,12 @@ class DataManagerSource:
 
     def __init__(self, wire: WireConfig, collator: Collator, *, keep: StepFilter = every_step,
                  shard: tuple[int, int] | None = None, max_wait_s: float | None = None,
-                 trainer_version: int = 0):
+                 version: PolicyVersion | None = None):
         self.wire, self.collator, self.keep = wire, collator, keep
         self.shard = shard or host_shard()
         self.max_wait_s = max_wait_s
         self.until: float | None = None
-        self.trainer_version = trainer_version
+        self.version = PolicyVersion() if version is None else version
         self.after_batch_id = 0
         self._client: Client | None = None
 
@@ -218,7 +219,7 @@ class DataManagerSource:
         if self.until is not None:
             deadline = self.until if deadline is None else min(deadline, self.until)
         while True:
-            reply = self._ask(BatchRequest(trainer_version=self.trainer_version,
+            reply = self._ask(BatchRequest(trainer_version=self.version.value,
                                            after_batch_id=self.after_batch_id), deadline)
             if isinstance(reply, CuratedBatch):
                 return reply

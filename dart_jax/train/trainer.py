@@ -27,6 +27,7 @@ from dart_jax.train.collate import Collator
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.prepare import Prepared, prepare_rl, prepare_sft
 from dart_jax.train.step import Accumulator, TrainFunctions, TrainState
+from dart_jax.train.version import PolicyVersion
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Trainer:
         self.step = 0  # host copy of state.step: reading the device's would stall dispatch
         # the frozen reference is the starting policy, read again from hf_dir on resume
         self.ref_params = params if cfg.mode == "rl" and cfg.loss.kl_coef > 0 else None
-        self.policy_version = 0  # the weight publisher's count (RL); 0 in SFT
+        self.version = PolicyVersion()  # advanced by the weight publisher (RL); 0 in SFT
 
     # -- updates
     def update_rl(self, batch: RLBatch, collator: Collator) -> dict:
@@ -71,18 +72,18 @@ class Trainer:
 
     # -- checkpoints
     def save(self, ckpt: Checkpointer, data_state: dict) -> bool:
-        meta = CheckpointMeta(policy_version=self.policy_version, data_state=data_state,
+        meta = CheckpointMeta(policy_version=self.version.value, data_state=data_state,
                               config_hash=config_hash(self.cfg))
         return ckpt.save(self.step, self.state, meta)
 
     def restore(self, ckpt: Checkpointer) -> dict | None:
-        """Load the latest checkpoint, if any; returns its data position."""
+        """Load the latest checkpoint, if any; returns its data position. The policy version
+        is not restored: the publisher numbers on from the last version it published."""
         if ckpt.latest_step() is None:
             return None
         shardings = jax.tree.broadcast(self.fns.state_shardings, self.state)  # per array
         target = abstract_state(self.state, shardings)
         self.state, meta = ckpt.restore(target, config_hash=config_hash(self.cfg))
         self.step = int(self.state.step)
-        self.policy_version = meta.policy_version
-        log.info("resumed at step %d (policy version %d)", self.step, self.policy_version)
+        log.info("resumed at step %d (checkpointed at policy version %d)", self.step, meta.policy_version)
         return meta.data_state

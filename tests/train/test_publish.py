@@ -18,7 +18,8 @@ from dart_jax.train.publish import WeightPublisher
 from dart_jax.wire import WireConfig
 from dart_jax.wire.config import WeightSyncConfig
 from dart_jax.wire.shm import available
-from dart_jax.wire.weights import Puller, WeightTransferError
+from dart_jax.wire.weights import WeightTransferError
+from rollout_gpu.pull import Puller
 
 LOOPBACK = WireConfig(endpoint="tcp://127.0.0.1:0")
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")

@@ -23,6 +23,7 @@ from dart_jax.train.packing import microbatch_rows, padded_positions
 from dart_jax.train.batch import to_global
 from dart_jax.train.sources import DataManagerSource, TrajectoryFileSource, layout_rl_batch
 from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache
+from dart_jax.train.version import PolicyVersion
 from dart_jax.wire import Client
 from dart_jax.wire.messages import BatchRequest, SubmitTrajectory
 from dart_jax.wire.trajfiles import write_trajectories
@@ -145,7 +146,7 @@ def test_data_manager_source_consumes_in_order_and_replays_after_restore(data_ma
     _submit(data_manager.wire, trajs)
     index = _step_of_row(trajs)
     source = DataManagerSource(data_manager.wire, collator(tiny_dir, 4), shard=(0, 1), max_wait_s=0.5,
-                               trainer_version=2)
+                               version=PolicyVersion(2))
     first = next(source)
     assert (first.batch_id, len(first.trajectories), len(first), first.dropped) == (1, 8, 4, 0)
     assert source.get_state() == {"after_batch_id": 1}
@@ -166,14 +167,14 @@ def test_data_manager_source_consumes_in_order_and_replays_after_restore(data_ma
         (tasks.index(t.task_id), t.reward) for t in first.trajectories for _ in t.steps)
 
     state = source.get_state()
-    source.trainer_version = 3
+    source.version.value = 3
     second = next(source)
     assert second.batch_id == 2 and len(second.injected) == 2
     with pytest.raises(TimeoutError, match="no batch after 2"):
         next(source)
     source.close()
 
-    resumed = DataManagerSource(data_manager.wire, collator(tiny_dir, 4), shard=(0, 1), trainer_version=3)
+    resumed = DataManagerSource(data_manager.wire, collator(tiny_dir, 4), shard=(0, 1), version=PolicyVersion(3))
     resumed.set_state(state)
     replay = next(resumed)
     assert (replay.batch_id, replay.injected) == (2, second.injected)
@@ -195,7 +196,7 @@ def test_rows_from_screenshot_references_equal_rows_from_bytes(data_manager, bui
              for task in ("t0", "t1") for i in range(4)]
     _submit(data_manager.wire, trajs)
     col = collator(tiny_dir, 2)
-    source = DataManagerSource(data_manager.wire, col, shard=(0, 1), max_wait_s=0.5, trainer_version=2)
+    source = DataManagerSource(data_manager.wire, col, shard=(0, 1), max_wait_s=0.5, version=PolicyVersion(2))
     asked, fetch = [], source.fetch_screenshots
     source.fetch_screenshots = lambda shas: asked.append(list(shas)) or fetch(shas)
     rl = next(source)
