@@ -19,7 +19,7 @@ server through the forwarded port. QEMU runs in its own process group, registere
 envs.reaper, so it dies with the env server whatever kills that.
 
 Acceleration: KVM where /dev/kvm opens (`accel: auto` or `kvm`), QEMU's software emulation
-(TCG) elsewhere; BUILD.md has what KVM did on these (nested-virtualization) machines.
+(TCG) elsewhere; docs/desktop-vms.md has what KVM did on these (nested-virtualization) machines.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def choose_accel(accel: str, image: vm_image.Image) -> str:
 def kvm_boots(image: vm_image.Image) -> bool:
     """Whether KVM runs the image's kernel on this host: it boots the kernel alone and waits
     for its first console line. Under nested virtualization a guest can hang before it
-    prints anything (these machines; BUILD.md), so /dev/kvm opening proves nothing. The
+    prints anything (these machines; docs/desktop-vms.md), so /dev/kvm opening proves nothing. The
     answer is kept for the life of the process."""
     with _probe_lock:
         if image.kernel not in _kvm_boots:

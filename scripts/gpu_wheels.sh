@@ -3,7 +3,7 @@
 # pyzmq (the train step's JAX workers import the trainer's batch types, which import the wire
 # module), at the versions of requirements/lock-cpu.txt, built for that machine's Python
 # (CPython 3.12, x86-64 manylinux; neither is pure Python), into .whl/: ignored by git, named
-# in the device call's `carry`. BUILD.md ("GPU figures: the prepared suite") has the call.
+# in the device call's `carry`. docs/benchmarks.md ("GPU figures: the prepared suite") has the call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-common-dir)/info/exclude"

@@ -11,7 +11,7 @@ capped at `--max-s`; an unparseable action ends the episode (`--invalid end`, th
 costs a step with a penalty (`--invalid penalty`: episodes run to the step cap). The trainer
 has one bucket shape (`--seq-len`), so it compiles in its first round and never mid-run.
 `--max-pending` caps the rollouts waiting for the trainer (in flight or unused) in both
-modes (default: no cap, as measured in BUILD.md).
+modes (default: no cap, as measured in docs/benchmarks.md).
 
 The figures come from the runs' own records (dart_jax.observe.utilization), over each run's
 steady-state window: from the end of its `--warmup`-th round (the first compiles the

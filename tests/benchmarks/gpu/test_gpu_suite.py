@@ -1,6 +1,6 @@
 """The GPU suite cannot rot while no GPU host is at hand: its dry run (every part at tiny sizes
 on CPU) writes every part's figures, its limits fit the issue's 8 minutes, a part that outlives
-its limit is recorded and the suite goes on, and the command BUILD.md gives fits a device call."""
+its limit is recorded and the suite goes on, and the command docs/benchmarks.md gives fits a device call."""
 
 import json
 import os
@@ -170,7 +170,7 @@ def test_the_publish_buckets_are_the_publishers():
 
 
 def test_build_gives_a_device_command_that_fits_a_call():
-    text = (ROOT / "BUILD.md").read_text()
+    text = (ROOT / "docs/benchmarks.md").read_text()
     section = text.split("### GPU figures: the prepared suite", 1)[1]
     command = re.search(r"```sh\n(.*?)\n```", section, re.S).group(1)
     assert "benchmarks.gpu.gpu_suite $OUT" in command and "/opt/torch/.venv/bin/python3" in command
