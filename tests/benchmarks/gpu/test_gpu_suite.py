@@ -171,7 +171,7 @@ def test_the_publish_buckets_are_the_publishers():
 
 def test_build_gives_a_device_command_that_fits_a_call():
     text = (ROOT / "docs/benchmarks.md").read_text()
-    section = text.split("### GPU figures: the prepared suite", 1)[1]
+    section = text.split("## GPU figures: the prepared suite", 1)[1]
     command = re.search(r"```sh\n(.*?)\n```", section, re.S).group(1)
     assert "benchmarks.gpu.gpu_suite $OUT" in command and "/opt/torch/.venv/bin/python3" in command
     assert len(command) <= 2000
