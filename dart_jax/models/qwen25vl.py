@@ -35,8 +35,8 @@ from flax import nnx
 from dart_jax.models.attention import check_impl
 from dart_jax.models.config import Qwen25VLConfig
 from dart_jax.models.inputs import ModelInputs
-from dart_jax.models.layers import Linear
 from dart_jax.models.layer_scan import check_remat
+from dart_jax.models.layers import Linear
 from dart_jax.models.text import TextModel
 from dart_jax.models.vision import VisionTransformer
 

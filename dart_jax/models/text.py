@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dart_jax.models.config import TextConfig
 from dart_jax.models.attention import attention
+from dart_jax.models.config import TextConfig
+from dart_jax.models.layer_scan import check_remat, scan, stacked
 from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary, param
 from dart_jax.models.sharding import constrain
-from dart_jax.models.layer_scan import check_remat, scan, stacked
 
 _ACT = ("batch", "length", "act_embed")
 

@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dart_jax.models.config import VisionConfig
 from dart_jax.models.attention import attention
+from dart_jax.models.config import VisionConfig
+from dart_jax.models.layer_scan import check_remat, scan, stacked
 from dart_jax.models.layers import Linear, RMSNorm, SwiGLU, apply_rotary
 from dart_jax.models.sharding import constrain
-from dart_jax.models.layer_scan import check_remat, scan, stacked
 
 _ACT = ("batch", "slots", "act_embed")
 

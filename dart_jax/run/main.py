@@ -25,13 +25,13 @@ from pathlib import Path
 
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import ConfigError, dump, load
-from dart_jax.run.schema import RunConfig
 from dart_jax.data.tasks import suite_tasks, write_task_file
 from dart_jax.eval.stats import load_outcomes, paired_gain
 from dart_jax.observe.learning import first_collapse, success_curve
 from dart_jax.observe.live import Watcher
 from dart_jax.observe.records import RunReader
 from dart_jax.run import demos
+from dart_jax.run.schema import RunConfig
 from dart_jax.run.supervisor import RunFailed, Supervisor
 from dart_jax.rundir import MetricsWriter, RunDir
 from dart_jax.wire import Client

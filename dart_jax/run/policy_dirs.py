@@ -18,10 +18,10 @@ from pathlib import Path
 
 from dart_jax import config as config_lib
 from dart_jax.config import UsageError
-from dart_jax.run.schema import RunConfig
 from dart_jax.models.hf_check import check_hf_dir
 from dart_jax.models.tiny import TinySpec, make_tiny_hf_dir
 from dart_jax.run.config import PolicySection, RunSection
+from dart_jax.run.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.train.export import export_checkpoint
 

@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dart_jax.config import dump
-from dart_jax.run.schema import RunConfig
 from dart_jax.data.config import TaskEntry, TaskSourceConfig
 from dart_jax.data.service import DataManager
 from dart_jax.models.hf_io import read_config
 from dart_jax.run.launchers.shm_ledger import kill_and_release
+from dart_jax.run.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.wire import Client, Server, WireConfig
-from dart_jax.wire.process_groups import spawn
 from dart_jax.wire.messages import DataStats, StatsRequest, TaskSpec, Trajectory
+from dart_jax.wire.process_groups import spawn
 from envs.server import serving
 
 LOOPBACK = WireConfig(endpoint="tcp://127.0.0.1:0")
