@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from dart_jax.agent.prompt import PromptBuilder
-from dart_jax.config import ConfigError, dump, load
+from dart_jax.config import ConfigError, dump
 from dart_jax.config.schema import RunConfig
 from dart_jax.data.tasks import suite_tasks, write_task_file
 from dart_jax.eval.stats import load_outcomes, paired_gain
@@ -188,7 +188,3 @@ def run(cfg: RunConfig) -> dict:
 def _label(labels: list[str], summary: dict) -> str:
     """eval labels: what the policy is at that point (init, sft, rl)."""
     return "rl" if "rl_steps" in summary else "sft" if "sft_steps" in summary else "init"
-
-
-def main(config: Path, overrides: list[str]) -> dict:
-    return run(load(RunConfig, config, overrides))
