@@ -151,6 +151,7 @@ def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, gro
     assert sorted(acc1.sums) == sorted(acc2.sums)
     for key in acc1.sums:
         np.testing.assert_allclose(acc2.sums[key], acc1.sums[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    np.testing.assert_allclose(acc2.mismatch, acc1.mismatch, rtol=1e-5, atol=1e-5)
     assert (acc1.counts.tokens, acc1.counts.seqs) == (acc2.counts.tokens, acc2.counts.seqs)
     assert float(acc1.counts.seqs) == 2  # entropy selection kept the top half of 4 steps
     for key in ("select/threshold", "select/entropy_kept", "select/entropy_dropped"):
