@@ -81,8 +81,8 @@ def sft_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path) -> tup
     start = time.monotonic()
     sub = dataclasses.replace(
         with_policy(cfg, policy), run=dataclasses.replace(cfg.run, root=str(run.root), name="sft"),
-        trainer=cfg.sft.trainer(cfg.trainer), train=dataclasses.replace(
-            cfg.train, steps=cfg.sft.steps, max_seconds=None, sft_data=str((run.data / "demos").resolve())))
+        trainer=dataclasses.replace(cfg.sft.trainer(cfg.trainer), steps=cfg.sft.steps, max_seconds=None,
+                                    sft_data=str((run.data / "demos").resolve())))
     sup.start({"trainer"}, cfg=sub)
     sup.wait_done("trainer")
     sup.stop({"trainer"})

@@ -72,7 +72,7 @@ class Trainer:
     # -- checkpoints
     def save(self, ckpt: Checkpointer, data_state: dict) -> bool:
         meta = CheckpointMeta(policy_version=self.policy_version, data_state=data_state,
-                              config_hash=config_hash(self.cfg))
+                              config_hash=config_hash(self.cfg.learning()))
         return ckpt.save(self.step, self.state, meta)
 
     def restore(self, ckpt: Checkpointer) -> dict | None:
@@ -81,7 +81,7 @@ class Trainer:
             return None
         shardings = jax.tree.broadcast(self.fns.state_shardings, self.state)  # per array
         target = abstract_state(self.state, shardings)
-        self.state, meta = ckpt.restore(target, config_hash=config_hash(self.cfg))
+        self.state, meta = ckpt.restore(target, config_hash=config_hash(self.cfg.learning()))
         self.step = int(self.state.step)
         self.policy_version = meta.policy_version
         log.info("resumed at step %d (policy version %d)", self.step, self.policy_version)
