@@ -23,11 +23,11 @@ from dart_jax.config import UsageError
 from dart_jax.data.tasks import load_tasks
 from dart_jax.eval.config import EvalConfig
 from dart_jax.eval.stats import Outcome, report, table
+from dart_jax.wire.env_client import EnvPool
 from dart_jax.wire.messages import TaskSpec
 from envs.server import serving
 from rollout_gpu.engine import Engine
 from rollout_gpu.episode import run_episode
-from rollout_gpu.worker import EnvPool
 
 
 def eval_episodes(tasks: Sequence[TaskSpec], cfg: EvalConfig) -> list[tuple[TaskSpec, str, int]]:

@@ -1,4 +1,5 @@
-"""asyncio client of the env server, for rollout workers running many episodes at once.
+"""asyncio client of the env server, for rollout workers running many episodes at once, and
+`EnvPool`, the slots of several env servers.
 
     client = EnvClient(WireConfig(endpoint="tcp://127.0.0.1:5555"), client_id="worker-0")
     async with await client.acquire("miniwob") as env:      # one slot, heartbeated
@@ -25,6 +26,7 @@ import logging
 import os
 import time
 import uuid
+from typing import Sequence
 
 from dart_jax.wire import AsyncClient, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.messages import (EnvAcquire, EnvEvaluate, EnvHeartbeat, EnvLease, EnvListTasks, EnvRelease,
@@ -142,3 +144,30 @@ class EnvSession:
     async def __aexit__(self, *exc) -> None:
         with contextlib.suppress(WireTimeout, RemoteError):
             await self.release()
+
+
+class EnvPool:
+    """Env slots from several env servers: a lease from whichever has a free slot of the backend."""
+
+    def __init__(self, wires: Sequence[WireConfig], client_id: str):
+        self.clients = [EnvClient(w, client_id=client_id) for w in wires]
+        self._next = 0
+
+    async def acquire(self, backend: str, wait_s: float) -> tuple[EnvSession, str]:
+        """A leased session and its slot's name ("ENDPOINT#SLOT")."""
+        deadline, delay = time.monotonic() + wait_s, 0.05
+        while True:
+            for _ in range(len(self.clients)):
+                client = self.clients[self._next % len(self.clients)]
+                self._next += 1
+                with contextlib.suppress(RemoteError):  # unavailable here, or no such backend
+                    env = await client.acquire(backend, wait_s=0.0)
+                    return env, f"{client.wire.cfg.endpoint}#{env.slot}"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no free {backend!r} env slot on {len(self.clients)} env server(s) in {wait_s} s")
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
