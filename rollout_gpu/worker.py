@@ -155,11 +155,11 @@ class Worker:
 
     async def play(self, rollout: Rollout) -> Trajectory:
         first_sync = len(self.syncs)
-        env, slot = await self.envs.acquire(rollout.task.backend, self.cfg.acquire_wait_s)
+        env = await self.envs.acquire(rollout.task.backend, self.cfg.acquire_wait_s)
         async with env:
             traj = await run_episode(env, rollout.task, self.policy, self.builder, max_steps=rollout.max_steps,
                                      worker_id=self.cfg.worker_id, temperature=self.cfg.sampling.temperature,
-                                     assignment_id=rollout.assignment_id, env_slot=slot)
+                                     assignment_id=rollout.assignment_id, env_slot=env.slot_name)
         loads = [(s.version, s.paused, s.resumed) for s in self.syncs[first_sync:] if s.ok]
         return msgspec.structs.replace(traj, weight_loads=loads) if loads else traj
 

@@ -59,7 +59,7 @@ async def play(engine, builder, envs, episodes, cfg: EvalConfig, temperature: fl
         while not queue.empty():
             task, mode, i = queue.get_nowait()
             policy = SeededPolicy(engine, temperature if mode == "sampled" else 0.0, cfg.seed, task.task_id, i)
-            env, _ = await envs.acquire(task.backend, 600.0)
+            env = await envs.acquire(task.backend, 600.0)
             async with env:
                 t = await run_episode(env, task, policy, builder, max_steps=cfg.max_steps, source="rollout")
             outcomes.append(Outcome(task.task_id, mode, i, t.status == "success", t.reward, len(t.steps), t.status,

@@ -113,6 +113,11 @@ class EnvSession:
         self.steps = 0
         self.lost = False
 
+    @property
+    def slot_name(self) -> str:
+        """The slot across env servers: "ENDPOINT#SLOT"."""
+        return f"{self.client.wire.cfg.endpoint}#{self.slot}"
+
     async def reset(self, task: TaskSpec) -> EnvReply:
         reply = await self._request(EnvReset(lease_id=self.lease_id, task=task), "reset")
         self.steps = 0
@@ -153,18 +158,20 @@ class EnvPool:
         self.clients = [EnvClient(w, client_id=client_id) for w in wires]
         self._next = 0
 
-    async def acquire(self, backend: str, wait_s: float) -> tuple[EnvSession, str]:
-        """A leased session and its slot's name ("ENDPOINT#SLOT")."""
+    async def acquire(self, backend: str, wait_s: float) -> EnvSession:
+        """A leased session, asking the servers in turn; once `wait_s` is past (0: one round),
+        the last server's refusal (RemoteError: `unavailable`, or no such backend there)."""
         deadline, delay = time.monotonic() + wait_s, 0.05
         while True:
             for _ in range(len(self.clients)):
                 client = self.clients[self._next % len(self.clients)]
                 self._next += 1
-                with contextlib.suppress(RemoteError):  # unavailable here, or no such backend
-                    env = await client.acquire(backend, wait_s=0.0)
-                    return env, f"{client.wire.cfg.endpoint}#{env.slot}"
+                try:
+                    return await client.acquire(backend, wait_s=0.0)
+                except RemoteError as e:
+                    refusal = e
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no free {backend!r} env slot on {len(self.clients)} env server(s) in {wait_s} s")
+                raise refusal
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.5)
 
