@@ -30,7 +30,7 @@ from dart_jax.train.checkpoint import Checkpointer
 from dart_jax.train.sources import TrajectoryFileSource
 from dart_jax.train import loop
 from dart_jax.train.trainer import Trainer
-from tests.trajectories import SPEC, trajectory
+from tests.train_batches import SPEC, trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_SCRIPT = ROOT / "tests/models/vllm_tiny_check.py"

@@ -3,7 +3,7 @@ import pytest
 from dart_jax.agent.config import PromptConfig
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.wire.trajfiles import write_trajectories
-from tests.trajectories import trajectory
+from tests.train_batches import trajectory
 
 
 @pytest.fixture(scope="session")

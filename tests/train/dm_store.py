@@ -21,7 +21,7 @@ from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfi
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import SubmitTrajectory
 from dart_jax.wire.config import WeightSyncConfig
-from tests.trajectories import text_trajectory
+from tests.train_batches import text_trajectory
 
 TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
 

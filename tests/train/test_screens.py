@@ -8,7 +8,7 @@ from dart_jax.agent.image_processing import ImageProcessorConfig, preprocess_ima
 from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache, decode_png
 from dart_jax.wire.messages import Trajectory
 from dart_jax.wire.png import address
-from tests.trajectories import screenshots
+from tests.train_batches import screenshots
 
 CFG = ImageProcessorConfig(min_pixels=100 * 28 * 28, max_pixels=16384 * 28 * 28)
 

@@ -26,7 +26,7 @@ from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache
 from dart_jax.wire import Client
 from dart_jax.wire.messages import BatchRequest, SubmitTrajectory
 from dart_jax.wire.trajfiles import write_trajectories
-from tests.trajectories import assert_trees_equal, collator, layout_inline, trajectory
+from tests.train_batches import assert_trees_equal, collator, layout_inline, trajectory
 
 
 def _step_of_row(trajs):

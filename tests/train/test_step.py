@@ -18,7 +18,7 @@ from dart_jax.train.prepare import prepare_rl, prepare_sft
 from dart_jax.train.optimizer import schedule_of
 from dart_jax.train.step import RowTargets, Scores, TrainFunctions, token_scores
 from dart_jax.train.trainer import Trainer
-from tests.trajectories import collator, examples, layout_inline, trajectory
+from tests.train_batches import collator, examples, layout_inline, trajectory
 
 
 @pytest.fixture(scope="module")

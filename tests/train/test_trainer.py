@@ -20,7 +20,7 @@ from dart_jax.train.sources import layout_rl_batch
 from dart_jax.train.screens import InlineScreens
 from dart_jax.train.trainer import Trainer
 from dart_jax.wire.messages import CuratedBatch
-from tests.trajectories import text_trajectory
+from tests.train_batches import text_trajectory
 from tests.procs import kill_when
 
 SEQ_LENS = (64, 128, 256)

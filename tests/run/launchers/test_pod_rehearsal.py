@@ -44,7 +44,7 @@ from dart_jax.wire.config import WeightSyncConfig
 from tests.net import free_port
 from tests.train import dm_store
 from tests.follow import Follower
-from tests.trajectories import text_trajectory
+from tests.train_batches import text_trajectory
 
 pytestmark = pytest.mark.slow
 HOSTS, STEPS = 2, 4
