@@ -17,11 +17,11 @@ from dart_jax.data.config import CurationConfig, DataManagerConfig, TaskEntry, T
 from dart_jax.data.service import serve
 from dart_jax.config.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
+from dart_jax.testing.trajectories import text_trajectory
 from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfig, TrainerConfig
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import SubmitTrajectory
 from dart_jax.wire.config import WeightSyncConfig
-from tests.train_batches import text_trajectory
 
 TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
 

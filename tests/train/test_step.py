@@ -10,6 +10,7 @@ from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
 from dart_jax.models.inputs import ModelInputs
 from dart_jax.models.qwen25vl import abstract_model
 from dart_jax.models.sharding import make_mesh
+from dart_jax.testing.trajectories import trajectory
 from dart_jax.train.batch import TrainBatch
 from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig, TISConfig,
                                    TrainerConfig)
@@ -18,7 +19,7 @@ from dart_jax.train.prepare import prepare_rl, prepare_sft
 from dart_jax.train.optimizer import schedule_of
 from dart_jax.train.step import RowTargets, Scores, TrainFunctions, token_scores
 from dart_jax.train.trainer import Trainer
-from tests.train_batches import collator, examples, layout_inline, trajectory
+from tests.train_batches import collator, examples, layout_inline
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from dart_jax.config.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.run.launchers import remote
 from dart_jax.run.launchers.config import TPUConfig
+from dart_jax.testing.trajectories import text_trajectory
 from dart_jax.train.config import BucketConfig, CheckpointConfig, DistributedConfig, MeshConfig
 from dart_jax.train.config import OptimizerConfig, TrainerConfig
 from dart_jax.wire import Client, WireConfig
@@ -44,7 +45,6 @@ from dart_jax.wire.config import WeightSyncConfig
 from tests.net import free_port
 from tests.train import dm_store
 from tests.follow import Follower
-from tests.train_batches import text_trajectory
 
 pytestmark = pytest.mark.slow
 HOSTS, STEPS = 2, 4
