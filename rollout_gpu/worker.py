@@ -145,7 +145,7 @@ class Worker:
             rollout = await self.work.next()
             try:
                 traj = await self.play(rollout)
-            except (WireTimeout, RemoteError, TimeoutError) as e:  # env server trouble: play it again
+            except (WireTimeout, RemoteError) as e:  # env server trouble (or no free slot): play it again
                 again = self.work.retry(rollout)
                 log.warning("episode loop %d: %s on %s: %s (%s)", index, type(e).__name__, rollout.task.task_id, e,
                             "retrying" if again else "dropped")
