@@ -38,7 +38,7 @@ from dart_jax.wire.messages import (EnvObservation, NoTask, SubmitTrajectory, Ta
                                     WeightLatest, WorkerHeartbeat)
 from dart_jax.wire.pubsub import Subscriber
 from dart_jax.wire.config import WeightSyncConfig
-from dart_jax.wire.env_client import EnvClient, EnvSession
+from dart_jax.wire.env_client import EnvPool
 from rollout_gpu.config import RolloutConfig
 from rollout_gpu.engine import Engine, EngineBroken, SyncEvent
 from rollout_gpu.episode import Sample, run_episode
@@ -108,33 +108,6 @@ def _rollouts(a: TaskAssignment, cap: int) -> list[Rollout]:
     return [Rollout(a.task, max(1, min(a.max_steps, cap)), a.assignment_id) for _ in range(n)]
 
 
-class EnvPool:
-    """Env slots from several env servers: a lease from whichever has a free slot of the backend."""
-
-    def __init__(self, wires: Sequence[WireConfig], client_id: str):
-        self.clients = [EnvClient(w, client_id=client_id) for w in wires]
-        self._next = 0
-
-    async def acquire(self, backend: str, wait_s: float) -> tuple[EnvSession, str]:
-        """A leased session and its slot's name ("ENDPOINT#SLOT")."""
-        deadline, delay = time.monotonic() + wait_s, 0.05
-        while True:
-            for _ in range(len(self.clients)):
-                client = self.clients[self._next % len(self.clients)]
-                self._next += 1
-                with contextlib.suppress(RemoteError):  # unavailable here, or no such backend
-                    env = await client.acquire(backend, wait_s=0.0)
-                    return env, f"{client.wire.cfg.endpoint}#{env.slot}"
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no free {backend!r} env slot on {len(self.clients)} env server(s) in {wait_s} s")
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 0.5)
-
-    async def aclose(self) -> None:
-        for client in self.clients:
-            await client.aclose()
-
-
 class Worker:
     def __init__(self, cfg: RolloutConfig, engine: Engine, builder: PromptBuilder, dm_wire: WireConfig,
                  env_wires: Sequence[WireConfig], weights: WeightSyncConfig, metrics=None):
@@ -172,7 +145,7 @@ class Worker:
             rollout = await self.work.next()
             try:
                 traj = await self.play(rollout)
-            except (WireTimeout, RemoteError, TimeoutError) as e:  # env server trouble: play it again
+            except (WireTimeout, RemoteError) as e:  # env server trouble (or no free slot): play it again
                 again = self.work.retry(rollout)
                 log.warning("episode loop %d: %s on %s: %s (%s)", index, type(e).__name__, rollout.task.task_id, e,
                             "retrying" if again else "dropped")
@@ -182,11 +155,11 @@ class Worker:
 
     async def play(self, rollout: Rollout) -> Trajectory:
         first_sync = len(self.syncs)
-        env, slot = await self.envs.acquire(rollout.task.backend, self.cfg.acquire_wait_s)
+        env = await self.envs.acquire(rollout.task.backend, self.cfg.acquire_wait_s)
         async with env:
             traj = await run_episode(env, rollout.task, self.policy, self.builder, max_steps=rollout.max_steps,
                                      worker_id=self.cfg.worker_id, temperature=self.cfg.sampling.temperature,
-                                     assignment_id=rollout.assignment_id, env_slot=slot)
+                                     assignment_id=rollout.assignment_id, env_slot=env.slot_name)
         loads = [(s.version, s.paused, s.resumed) for s in self.syncs[first_sync:] if s.ok]
         return msgspec.structs.replace(traj, weight_loads=loads) if loads else traj
 

@@ -16,7 +16,7 @@ TPU = str(ROOT / "configs" / "tpu" / "v5p-64.yaml")
     (["env-server", "/nonexistent/run.yaml"], "cannot read config file"),
     (["data-manager", LOCAL, "data.nope=1"], "data.nope: unknown key"),
     (["rollout", LOCAL, "rollout.worker_id=../w0"], "worker_id '../w0'"),
-    (["train", LOCAL, "train.steps=0"], "train.steps: must be >= 1"),
+    (["train", LOCAL, "trainer.steps=0"], "trainer.steps: must be >= 1"),
     (["run", LOCAL, "run.name=../escape"], "must be a plain directory name"),
     (["eval", LOCAL, "--label", "../../x"], "eval label '../../x'"),
     (["eval", LOCAL, "--policy", "/nonexistent"], "--policy /nonexistent: no such directory"),

@@ -52,7 +52,7 @@ def overrides(args, root: Path, mode: str) -> list[str]:
             "data.curation.max_rollouts=4", "data.curation.group_size=4", "data.curation.max_pending_per_task=64",
             f"rollout.episodes={args.episodes}", "rollout.sampling.max_tokens=32",
             f"trainer.buckets.seq_lens=[{args.seq_len}]", f"trainer.buckets.num_slots=[{args.seq_len}]",
-            "trainer.checkpoint.every_steps=1000", f"train.steps={args.steps}"]
+            "trainer.checkpoint.every_steps=1000", f"trainer.steps={args.steps}"]
 
 
 def steady_window(rounds, warmup: int):

@@ -10,7 +10,7 @@ and its held-out success (or `--sft-run`, once per seed: those phases of a finis
 the same config and seed, such as a `make run` or a learning-sweep run, whose RL phase then
 is the `full` configuration's twin). Each configuration is then a run of phases [rl, eval]
 from that policy with the same tasks, demonstrations, seeds, RL budget (the config's
-`train.steps` and `train.max_seconds`, whichever ends first, as in `make run`) and
+`trainer.steps` and `trainer.max_seconds`, whichever ends first, as in `make run`) and
 evaluation episodes. Everything except the pieces below stays as the config says (the
 loss, its clip and KL term, the optimizer):
 
@@ -132,9 +132,9 @@ def row(label: str, outcomes: list, sft: list, plain: list | None, previous: lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
-    ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's train.steps)")
+    ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's trainer.steps)")
     ap.add_argument("--max-seconds", type=float, help="the RL phase's wall-clock budget per configuration "
-                    "(default: the config's train.max_seconds; 0: none)")
+                    "(default: the config's trainer.max_seconds; 0: none)")
     ap.add_argument("--seed", type=int, nargs="+", default=[1], help="run.seed of every run; several: "
                     "every configuration once per seed, the rows pooled over them")
     ap.add_argument("--sft-run", type=Path, action="append", default=[], help="a finished run of the same "
@@ -149,8 +149,8 @@ def main() -> None:
     stop_on_sigterm()  # killed, its runs' roles go with it (a stalled configuration is killed by hand)
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_ablation_"))
     cfg = load(RunConfig, args.config, [f"run.seed={args.seed[0]}"])
-    steps = args.steps or cfg.train.steps
-    budget = cfg.train.max_seconds if args.max_seconds is None else (args.max_seconds or None)
+    steps = args.steps or cfg.trainer.steps
+    budget = cfg.trainer.max_seconds if args.max_seconds is None else (args.max_seconds or None)
 
     sft: list = []
     outcomes: list[list] = [[] for _ in PIECES]
@@ -163,8 +163,8 @@ def main() -> None:
             base_dir, base = root / f"sft-seed{seed}", one_run(args.config, root, f"sft-seed{seed}",
                                                                [tag, "run.phases=[demos, sft, eval]"])
         sft += sampled(load_outcomes(base_dir / "eval" / "sft.json"), seed)
-        common = [tag, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"train.steps={steps}",
-                  f"train.batch_wait_s={args.batch_wait_s}", f"train.max_seconds={'null' if budget is None else budget}",
+        common = [tag, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"trainer.steps={steps}",
+                  f"trainer.batch_wait_s={args.batch_wait_s}", f"trainer.max_seconds={'null' if budget is None else budget}",
                   f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
         for i, (label, on) in enumerate(PIECES):
             name = f"ablation-{i}-seed{seed}"

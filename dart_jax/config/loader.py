@@ -217,19 +217,35 @@ def _build_dataclass(cls: type, value: Any, source: str, key: str) -> Any:
 
 def _renamed(cls: type, value: dict, source: str, key: str) -> dict:
     """`value` with the keys a section renamed (its `RENAMED` class attribute, old -> new)
-    under their new names; each old name found is logged once as deprecated."""
-    renamed = getattr(cls, "RENAMED", {})
-    if not any(old in value for old in renamed):
+    under their new names, and the keys of a section folded into another (`FOLDED`, old
+    section -> new) in that one; each old name found is logged once as deprecated."""
+    renamed, folded = getattr(cls, "RENAMED", {}), getattr(cls, "FOLDED", {})
+    if not any(old in value for old in (*renamed, *folded)):
         return value
     value = dict(value)
     for old, new in renamed.items():
+        if old in value:
+            _deprecated(new in value, source, _join(key, old), _join(key, new))
+            value[new] = value.pop(old)
+    for old, new in folded.items():
         if old not in value:
             continue
-        if new in value:
-            raise ConfigError(source, _join(key, old), f"renamed to `{_join(key, new)}`, which is also set: keep one")
-        log.warning("%s: `%s` is deprecated: it is now `%s`", source, _join(key, old), _join(key, new))
-        value[new] = value.pop(old)
+        moved, into = value.pop(old), value.get(new, {})
+        for name, section in ((old, moved), (new, into)):
+            if not isinstance(section, dict):
+                raise ConfigError(source, _join(key, name), f"expected a mapping, got {_kind(section)}")
+        into = dict(into)
+        for name, v in moved.items():
+            _deprecated(name in into, source, _join(key, f"{old}.{name}"), _join(key, f"{new}.{name}"))
+            into[name] = v
+        value[new] = into
     return value
+
+
+def _deprecated(clash: bool, source: str, old: str, new: str) -> None:
+    if clash:
+        raise ConfigError(source, old, f"renamed to `{new}`, which is also set: keep one")
+    log.warning("%s: `%s` is deprecated: it is now `%s`", source, old, new)
 
 
 def _with_default_type(f: dataclasses.Field, value: Any) -> Any:

@@ -23,11 +23,11 @@ from dart_jax.config import UsageError
 from dart_jax.data.tasks import load_tasks
 from dart_jax.eval.config import EvalConfig
 from dart_jax.eval.stats import Outcome, report, table
+from dart_jax.wire.env_client import EnvPool
 from dart_jax.wire.messages import TaskSpec
 from envs.server import serving
 from rollout_gpu.engine import Engine
 from rollout_gpu.episode import run_episode
-from rollout_gpu.worker import EnvPool
 
 
 def eval_episodes(tasks: Sequence[TaskSpec], cfg: EvalConfig) -> list[tuple[TaskSpec, str, int]]:
@@ -59,7 +59,7 @@ async def play(engine, builder, envs, episodes, cfg: EvalConfig, temperature: fl
         while not queue.empty():
             task, mode, i = queue.get_nowait()
             policy = SeededPolicy(engine, temperature if mode == "sampled" else 0.0, cfg.seed, task.task_id, i)
-            env, _ = await envs.acquire(task.backend, 600.0)
+            env = await envs.acquire(task.backend, 600.0)
             async with env:
                 t = await run_episode(env, task, policy, builder, max_steps=cfg.max_steps, source="rollout")
             outcomes.append(Outcome(task.task_id, mode, i, t.status == "success", t.reward, len(t.steps), t.status,

@@ -35,7 +35,7 @@ class Watcher:
         self.slots = [f"{w.endpoint}#{i}" for w in self.envs for i in range(sum(s.count for s in cfg.envs.slots))]
         self.workers = [f"rollout-{i}" for s in cfg.run.placement if s.role == "rollout" for i in range(s.count)]
         console = Console(force_terminal=False) if cfg.run.view == "lines" else None
-        self.view = LiveView(cfg.train.steps, console=console, budget_s=cfg.train.max_seconds) \
+        self.view = LiveView(cfg.trainer.steps, console=console, budget_s=cfg.trainer.max_seconds) \
             if cfg.run.view != "off" else None
         self._stack = contextlib.ExitStack()
         if self.view is not None:

@@ -149,7 +149,7 @@ class LiveView:
 
     def __init__(self, total_steps: int, console: Console | None = None, every_s: float = 10.0,
                  budget_s: float | None = None):
-        """`budget_s`: the trainer's wall-clock budget (`train.max_seconds`), counted from the
+        """`budget_s`: the trainer's wall-clock budget (`trainer.max_seconds`), counted from the
         first snapshot: the ETA is the sooner of the steps' and the budget's end."""
         if total_steps < 1:
             raise ValueError(f"total_steps must be at least 1, got {total_steps}")

@@ -21,7 +21,7 @@ from dart_jax.agent.prompt import Prompt, PromptBuilder
 from dart_jax.wire import RemoteError, WireConfig
 from dart_jax.wire.messages import EnvObservation, TaskSpec, Trajectory
 from envs import oracle
-from dart_jax.wire.env_client import EnvClient, EnvSession
+from dart_jax.wire.env_client import EnvPool, EnvSession
 from envs.types import Observation
 from rollout_gpu.episode import Sample, run_episode
 
@@ -54,7 +54,7 @@ async def collect(env_wire: WireConfig, tasks: Sequence[TaskSpec], builder: Prom
     queue: asyncio.Queue[TaskSpec] = asyncio.Queue()
     for task in tasks:
         queue.put_nowait(task)
-    client = EnvClient(env_wire, client_id="demos")
+    pool = EnvPool([env_wire], client_id="demos")
     policy = OraclePolicy(builder)
     done: list[Trajectory] = []
     first_try: dict[str, float] = {}
@@ -62,7 +62,7 @@ async def collect(env_wire: WireConfig, tasks: Sequence[TaskSpec], builder: Prom
     async def lease(task: TaskSpec) -> EnvSession | None:
         """A slot for `task`, or None when its backend is busy and the task was put back."""
         try:
-            return await client.acquire(task.backend, wait_s=1.0)
+            return await pool.acquire(task.backend, wait_s=0.0)
         except RemoteError as e:
             waited = time.monotonic() - first_try.setdefault(task.task_id, time.monotonic())
             if e.code != "unavailable" or waited > slot_wait_s:
@@ -86,5 +86,5 @@ async def collect(env_wire: WireConfig, tasks: Sequence[TaskSpec], builder: Prom
     try:
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(tasks)))))
     finally:
-        await client.aclose()
+        await pool.aclose()
     return done

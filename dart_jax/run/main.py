@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from dart_jax.agent.prompt import PromptBuilder
-from dart_jax.config import ConfigError, dump, load
+from dart_jax.config import ConfigError, dump
 from dart_jax.data.tasks import suite_tasks, write_task_file
 from dart_jax.eval.stats import load_outcomes, paired_gain
 from dart_jax.observe.learning import first_collapse, success_curve
@@ -81,8 +81,8 @@ def sft_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path) -> tup
     start = time.monotonic()
     sub = dataclasses.replace(
         with_policy(cfg, policy), run=dataclasses.replace(cfg.run, root=str(run.root), name="sft"),
-        trainer=cfg.sft.trainer(cfg.trainer), train=dataclasses.replace(
-            cfg.train, steps=cfg.sft.steps, max_seconds=None, sft_data=str((run.data / "demos").resolve())))
+        trainer=dataclasses.replace(cfg.sft.trainer(cfg.trainer), steps=cfg.sft.steps, max_seconds=None,
+                                    sft_data=str((run.data / "demos").resolve())))
     sup.start({"trainer"}, cfg=sub)
     sup.wait_done("trainer")
     sup.stop({"trainer"})
@@ -188,7 +188,3 @@ def run(cfg: RunConfig) -> dict:
 def _label(labels: list[str], summary: dict) -> str:
     """eval labels: what the policy is at that point (init, sft, rl)."""
     return "rl" if "rl_steps" in summary else "sft" if "sft_steps" in summary else "init"
-
-
-def main(config: Path, overrides: list[str]) -> dict:
-    return run(load(RunConfig, config, overrides))

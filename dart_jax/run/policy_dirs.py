@@ -8,7 +8,7 @@ import-hf checks the directory (models.hf_check) and points a run at it: RUN_DIR
 gets policy.hf_dir (an existing config is updated, else a default run config rooted at
 RUN_DIR is written). export-hf reads the run config (by default the run's own,
 CHECKPOINT_DIR/../config.yaml) for the trainer settings and the policy directory, and hands
-them to the trainer's export (train.export).
+them to the trainer's export (trainer.export).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from dart_jax.eval.config import EvalConfig
 from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.run.devices import check_devices
 from dart_jax.run.launchers.config import TPUConfig
-from dart_jax.train.config import SFTConfig, TrainerConfig, TrainRunConfig
+from dart_jax.train.config import SFTConfig, TrainerConfig
 from dart_jax.wire import WireConfig
 from dart_jax.wire.config import WeightSyncConfig
 from envs.config import EnvServerConfig
@@ -32,12 +32,12 @@ from rollout_gpu.config import RolloutConfig, kv_bytes_per_token, policy_hf_conf
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     RENAMED: ClassVar[dict[str, str]] = {"job": "tasks"}  # old key -> its name now (the loader maps it)
+    FOLDED: ClassVar[dict[str, str]] = {"train": "trainer"}  # old section -> the section its keys are in now
     run: RunSection = RunSection()
     policy: PolicySection = PolicySection()
     envs: EnvServerConfig = EnvServerConfig()
     data: DataManagerConfig = DataManagerConfig()
     trainer: TrainerConfig = TrainerConfig()
-    train: TrainRunConfig = TrainRunConfig()
     rollout: RolloutConfig = RolloutConfig()
     weights: WeightSyncConfig = WeightSyncConfig()
     tasks: TasksConfig = TasksConfig()
@@ -120,9 +120,9 @@ def check_hosts(cfg: RunConfig) -> None:
                              f"the {remote[0]} run on different hosts (run.placement): give the address they "
                              "reach it at (tcp://HOST:PORT, or tcp://0.0.0.0:PORT on a launcher that tells it)")
     hosts = cfg.trainer_hosts()
-    if hosts > 1 and cfg.train.distributed.mode == "off":
+    if hosts > 1 and cfg.trainer.distributed.mode == "off":
         raise ValueError(f"the trainer spans the {hosts} hosts of {cfg.tpu.accelerator_type}: "
-                         "train.distributed.mode must be auto (off runs each host alone and its checkpoint fails)")
+                         "trainer.distributed.mode must be auto (off runs each host alone and its checkpoint fails)")
     shared = PurePosixPath(cfg.tpu.shared_root.path)
     root = PurePosixPath(cfg.run.root)
     if hosts > 1 and (cfg.tpu.shared_root.kind == "none" or not (root == shared or shared in root.parents)):

@@ -281,6 +281,3 @@ class Supervisor:
         for member in self.members:
             counts[member.instance.name] = counts.get(member.instance.name, 0) + self._restarts_of(member)
         return counts
-
-    def log_of(self, name: str) -> Path:
-        return next(m.instance.log for m in self.members if m.instance.name == name)

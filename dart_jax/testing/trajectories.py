@@ -1,14 +1,27 @@
-"""Synthetic tasks and trajectories for the data manager's tests and benchmark."""
+"""The tests' and benchmarks' tasks and trajectories, one pool: small synthetic ones for the
+data manager (`make_trajectory`, stand-in PNG screenshots), realistic episodes (UI-TARS prompts
+over synthetic-env screenshots, `trajectory`) and screenshot-free text episodes of random
+lengths (`text_trajectory`)."""
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
+from PIL import Image
 
 from dart_jax.wire.messages import Step, TaskSpec, Trajectory
 from dart_jax.wire.png import SIGNATURE
+from envs.synthetic import TASKS, SyntheticEnv
+from envs.types import Task
+
+if TYPE_CHECKING:
+    from dart_jax.agent.prompt import PromptBuilder
+
+SIZES = ((400, 300), (280, 210), (320, 320))  # (width, height) of the synthetic screens
 
 
 def task_specs(n_train: int, n_eval: int = 0, backend: str = "synthetic") -> list[TaskSpec]:
@@ -18,7 +31,7 @@ def task_specs(n_train: int, n_eval: int = 0, backend: str = "synthetic") -> lis
                for i in range(n_eval)])
 
 
-def make_trajectory(traj_id: str, task_id: str, *, success: bool = False, steps: int = 3,
+def make_trajectory(traj_id: str = "t1", task_id: str = "t0", *, success: bool = False, steps: int = 3,
                     version: int = 0, screenshot_bytes: int = 256, prompt_len: int = 16,
                     response_len: int = 4, shared_screens: int = 0, source: str = "rollout",
                     status: str | None = None) -> Trajectory:
@@ -70,3 +83,54 @@ def put(store, *trajs: Trajectory) -> list[bool]:
     items = [(t, store.put_screenshots(t)) for t in trajs]
     with store.write() as w:
         return [store.insert_trajectory(w, t, d) for t, d in items]
+
+
+def screenshots(seed: int, n: int) -> list[bytes]:
+    """n PNG screenshots of the synthetic GUI suite, sizes cycling through SIZES."""
+    out = []
+    for i in range(n):
+        w, h = SIZES[(seed + i) % len(SIZES)]
+        env = SyntheticEnv(width=w, height=h)
+        obs = env.reset(Task(f"synthetic/{TASKS[i % len(TASKS)]}/{seed}", "synthetic",
+                             TASKS[i % len(TASKS)], seed=seed * 31 + i))
+        env.close()
+        out.append(obs.screenshot)
+    return out
+
+
+def trajectory(builder: PromptBuilder, traj_id: str, task_id: str, *, steps: int = 3, reward: float = 1.0,
+               source: str = "rollout", version: int = 0, temperature: float = 1.0) -> Trajectory:
+    """An episode as rollout_gpu.episode records it: exact prompt ids, responses, log-probs."""
+    rng = np.random.default_rng(zlib.crc32(traj_id.encode()))
+    shots = screenshots(zlib.crc32(traj_id.encode()) % 97, steps)
+    images = [Image.open(io.BytesIO(png)).convert("RGB") for png in shots]
+    responses, step_list = [], []
+    for t in range(steps):
+        prompt = builder.build(f"Do task {task_id}.", images[:t + 1], responses)
+        text = f"Thought: step {t} of {traj_id}.\nAction: click(start_box='({10 + t},{20 + 3 * t})')"
+        ids = builder.response_ids(text)
+        first = t + 1 - len(prompt.images)
+        step_list.append(Step(prompt_ids=prompt.token_ids, response_ids=ids,
+                              logprobs=-rng.random(len(ids), dtype=np.float32),
+                              image_refs=list(range(first, t + 1)), policy_version=version,
+                              response_text=text, action=text.split("Action: ")[1]))
+        responses.append(text)
+    status = "success" if reward > 0 else "failure"
+    return Trajectory(traj_id=traj_id, task_id=task_id, steps=step_list, screenshots=shots, reward=reward,
+                      status=status, temperature=temperature, source=source)
+
+
+def text_trajectory(rng: np.random.Generator, traj_id: str, task_id: str, reward: float, *,
+                    max_steps: int = 2, prompt_len: tuple[int, int] = (8, 200),
+                    response_len: tuple[int, int] = (2, 40)) -> Trajectory:
+    """A screenshot-free episode of 1..max_steps steps whose prompt and response lengths are drawn
+    from the given ranges (variable-length batches), token ids and log-probs at random."""
+    steps = []
+    for _ in range(int(rng.integers(1, max_steps + 1))):
+        p, r = int(rng.integers(*prompt_len)), int(rng.integers(*response_len))
+        steps.append(Step(prompt_ids=rng.integers(10, 500, p).astype(np.int32),
+                          response_ids=rng.integers(10, 500, r).astype(np.int32),
+                          logprobs=-rng.random(r, dtype=np.float32) * 6, image_refs=[],
+                          policy_version=0, response_text="x"))
+    return Trajectory(traj_id=traj_id, task_id=task_id, steps=steps, screenshots=[], reward=reward,
+                      status="success" if reward else "failure")

@@ -189,11 +189,6 @@ def host_shard() -> tuple[int, int]:
     return jax.process_index(), jax.process_count()
 
 
-def _local_rows(refs: Sequence, rows: int, shard: tuple[int, int]) -> list:
-    index, _ = shard
-    return list(refs[index * rows:(index + 1) * rows])
-
-
 def local_rows(rows: Sequence, per_host: int, shard: tuple[int, int]) -> list:
     """This host's `per_host` rows of a global batch's `rows`."""
     index, _ = shard

@@ -7,7 +7,7 @@ TIS C=1, top 80% of steps by entropy, AdamW constant lr 1e-6, weight decay 0.1, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional, Union
+from typing import ClassVar, Literal, Optional, Union
 
 from dart_jax.config.loader import bounded
 
@@ -129,6 +129,19 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """A multi-host trainer (`jax.distributed`): every host runs the same `dart-jax train`
+    with the same config and forms one mesh. `auto`: JAX finds the coordinator itself
+    (Cloud TPU, GKE). `explicit`: `coordinator` (host:port of process 0) and
+    `num_processes`; each host's `process_id`, or -1 to read DART_PROCESS_ID, so hosts differ
+    only by their environment. CPU hosts exchange through gloo."""
+    mode: Literal["off", "auto", "explicit"] = "off"
+    coordinator: str = ""
+    num_processes: int = bounded(1, ge=1)
+    process_id: int = bounded(-1, ge=-1)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     mode: Literal["rl", "sft"] = "rl"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -152,24 +165,7 @@ class TrainerConfig:
     kernel: KernelConfig = KernelConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     mesh: MeshConfig = MeshConfig()
-
-
-@dataclasses.dataclass(frozen=True)
-class DistributedConfig:
-    """A multi-host trainer (`jax.distributed`): every host runs the same `dart-jax train`
-    with the same config and forms one mesh. `auto`: JAX finds the coordinator itself
-    (Cloud TPU, GKE). `explicit`: `coordinator` (host:port of process 0) and
-    `num_processes`; each host's `process_id`, or -1 to read DART_PROCESS_ID, so hosts differ
-    only by their environment. CPU hosts exchange through gloo."""
-    mode: Literal["off", "auto", "explicit"] = "off"
-    coordinator: str = ""
-    num_processes: int = bounded(1, ge=1)
-    process_id: int = bounded(-1, ge=-1)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainRunConfig:
-    """How long the trainer runs and on what. Paths are relative to the run directory."""
+    # -- how long the trainer runs and on what (RUN_FIELDS); paths are relative to the run directory
     steps: int = bounded(100, ge=1)  # optimizer updates in total (a resumed run counts on)
     # RL: the longest wait for one curated batch before the trainer stops early at the step it
     # reached (metrics: train/stalled; its checkpoint and export as usual). It also bounds how
@@ -185,6 +181,14 @@ class TrainRunConfig:
     sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
     export: bool = True
     distributed: DistributedConfig = DistributedConfig()
+
+    # a resumed run may change these: they are not part of what its checkpoints were trained under
+    RUN_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"steps", "batch_wait_s", "max_seconds", "sft_data", "export", "distributed"})
+
+    def learning(self) -> dict:
+        """The settings the train state depends on (all but RUN_FIELDS): what a resume must match."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.RUN_FIELDS}
 
 
 @dataclasses.dataclass(frozen=True)

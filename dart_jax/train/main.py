@@ -35,7 +35,7 @@ SLICE_PORT = "8482"  # JAX's coordinator port on TPU slices (JAX_COORDINATOR_POR
 
 
 def initialize_distributed(cfg: DistributedConfig) -> None:
-    """Join the trainer's JAX process group (train.distributed; a no-op when off). Call it
+    """Join the trainer's JAX process group (trainer.distributed; a no-op when off). Call it
     before anything runs on a JAX device: the backends start with the group. CPU hosts
     exchange through gloo (the setting only concerns the CPU backend)."""
     if cfg.mode == "off":
@@ -45,10 +45,10 @@ def initialize_distributed(cfg: DistributedConfig) -> None:
         jax.distributed.initialize(*slice_from_environment())
         return
     if not cfg.coordinator:
-        raise ValueError("train.distributed.coordinator: needed in explicit mode (host:port of process 0)")
+        raise ValueError("trainer.distributed.coordinator: needed in explicit mode (host:port of process 0)")
     pid = cfg.process_id if cfg.process_id >= 0 else int(os.environ.get("DART_PROCESS_ID", "-1"))
     if not 0 <= pid < cfg.num_processes:
-        raise ValueError(f"process id {pid}: set train.distributed.process_id or DART_PROCESS_ID "
+        raise ValueError(f"process id {pid}: set trainer.distributed.process_id or DART_PROCESS_ID "
                          f"to 0..{cfg.num_processes - 1}")
     jax.distributed.initialize(cfg.coordinator, cfg.num_processes, pid)
 
@@ -67,9 +67,9 @@ def slice_from_environment() -> tuple[str | None, int | None, int | None]:
 
 
 def main(cfg, run: RunDir) -> dict:
-    """Train `cfg.train.steps` updates (fewer on a stall or a spent budget); returns the last
+    """Train `cfg.trainer.steps` updates (fewer on a stall or a spent budget); returns the last
     metrics (and the export's path)."""
-    initialize_distributed(cfg.train.distributed)
+    initialize_distributed(cfg.trainer.distributed)
 
     hf_dir, tcfg = run.policy_dir(cfg.policy.hf_dir), cfg.trainer
     collator = Collator.from_pretrained(hf_dir, BucketSpec(tcfg.buckets.seq_lens, tcfg.buckets.num_slots,
@@ -101,23 +101,23 @@ def _train(cfg, run: RunDir, trainer: Trainer, collator: Collator, hf_dir: Path,
     tcfg = cfg.trainer
     with Checkpointer(run.checkpoints, max_to_keep=tcfg.checkpoint.keep, async_save=tcfg.checkpoint.async_save) as ckpt:
         if tcfg.mode == "sft":
-            source = iter(TrajectoryFileSource(run.root / cfg.train.sft_data, collator, seed=tcfg.seed,
+            source = iter(TrajectoryFileSource(run.root / tcfg.sft_data, collator, seed=tcfg.seed,
                                                screen_cache_bytes=tcfg.screen_cache_bytes))
-            loop.sft_loop(trainer, source, ckpt, cfg.train.steps, record, loop.Budget(cfg.train.max_seconds))
+            loop.sft_loop(trainer, source, ckpt, tcfg.steps, record, loop.Budget(tcfg.max_seconds))
         else:
             publisher = WeightPublisher(cfg.weights, hf_io.read_config(hf_dir), state_file=run.root / "weights.json",
                                         version=trainer.version)
-            source = DataManagerSource(cfg.data.wire, collator, max_wait_s=cfg.train.batch_wait_s,
+            source = DataManagerSource(cfg.data.wire, collator, max_wait_s=tcfg.batch_wait_s,
                                        version=trainer.version)
             try:
-                loop.rl_loop(trainer, source, collator, publisher, ckpt, cfg.train.steps, record,
-                             loop.Budget(cfg.train.max_seconds))
+                loop.rl_loop(trainer, source, collator, publisher, ckpt, tcfg.steps, record,
+                             loop.Budget(tcfg.max_seconds))
             finally:
                 source.close()
                 publisher.close()
     if metrics is not None:
         metrics.close()
-    if cfg.train.export:
+    if tcfg.export:
         last["export"] = str(export(trainer, hf_dir, run.export / f"step-{trainer.step}", lead))
     return last
 

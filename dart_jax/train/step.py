@@ -40,7 +40,7 @@ from dart_jax.train.kernels import kernel_chunks, token_logprobs_entropy_BxT
 from dart_jax.train.losses import UNIT, Denominators, RLTerms
 from dart_jax.train.optimizer import AdamWState, FusedAdamW
 from dart_jax.train.selection import step_mean_entropy
-from dart_jax.train.tis import mismatch_metrics, mismatch_sums, tis_weights
+from dart_jax.train.tis import MismatchSums, mismatch_metrics, mismatch_sums, tis_weights
 
 @dataclasses.dataclass(frozen=True)
 class TrainState:
@@ -68,7 +68,8 @@ class RowTargets:
 @dataclasses.dataclass(frozen=True)
 class Accumulator:
     grads: nnx.State  # sums of UNIT-objective gradients, fp32
-    sums: dict[str, jax.Array]  # sums of UNIT-objective metrics
+    sums: dict[str, jax.Array]  # sums of UNIT-objective metrics, by their logged names
+    mismatch: MismatchSums | None  # trainer-vs-sampler logprob sums (RL); None in SFT
     counts: Denominators  # masked tokens and rows seen
 
 
@@ -121,7 +122,8 @@ def score(graphdef, cfg: TrainerConfig, params, ref_params, mb: TrainBatch) -> S
 
 
 def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
-    """UNIT-denominator RL objective of one micro-batch: (loss sum, (metric sums, counts))."""
+    """UNIT-denominator RL objective of one micro-batch:
+    (loss sum, (metric sums, mismatch sums, counts))."""
     logp, ent = token_scores(graphdef, params, mb, cfg, entropy_grad=cfg.loss.entropy_coef > 0)
     mask = _steps(mb.loss_mask_BxPxT) * (rows.weight_N > 0)[:, None]
     old = rows.scores.logp_old_NxT
@@ -134,8 +136,7 @@ def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTarge
     terms = RLTerms(old, rows.adv_N, mask, rows.weight_N, tis, rows.scores.logp_ref_NxT, clip_to)
     loss, metrics = losses.rl_objective(logp, ent, terms, cfg.loss, UNIT)
     mismatch = mismatch_sums(old, rollout, sampled, w_tis, cfg.tis.cap)
-    tis_sums = {f"tis_sum/{k}": v for k, v in mismatch.items()}
-    return loss, (metrics, tis_sums, losses.denominators(mask))
+    return loss, (metrics, mismatch, losses.denominators(mask))
 
 
 def sft_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
@@ -143,7 +144,7 @@ def sft_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTarg
     logp, _ = token_scores(graphdef, params, mb, cfg)
     mask = _steps(mb.loss_mask_BxPxT) * (rows.weight_N > 0)[:, None]
     loss, metrics = losses.sft_objective(logp, mask, cfg.loss.aggregation, UNIT)
-    return loss, (metrics, {}, losses.denominators(mask))
+    return loss, (metrics, None, losses.denominators(mask))
 
 
 def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: TrainBatch,
@@ -151,11 +152,8 @@ def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: Train
     """acc + this micro-batch's gradient sums, metric sums and counts."""
     loss_fn = rl_loss if cfg.mode == "rl" else sft_loss
     grad_fn = jax.grad(lambda p: loss_fn(graphdef, cfg, p, mb, rows), has_aux=True)
-    grads, (metrics, tis_sums, counts) = grad_fn(params)
-    add = lambda a, b: a + b  # noqa: E731
-    sums = {**metrics, **tis_sums}
-    return Accumulator(jax.tree.map(add, acc.grads, grads),
-                       {k: acc.sums[k] + v for k, v in sums.items()}, acc.counts + counts)
+    grads, (metrics, mismatch, counts) = grad_fn(params)
+    return jax.tree.map(jnp.add, acc, Accumulator(grads, metrics, mismatch, counts))
 
 
 def apply(cfg: TrainerConfig, state: TrainState, acc: Accumulator):
@@ -164,11 +162,9 @@ def apply(cfg: TrainerConfig, state: TrainState, acc: Accumulator):
     lr = opt.lr(state.opt_state)
     scale = 1.0 / acc.counts.of(cfg.loss.aggregation)
     params, opt_state, grad_norm = opt.update(state.params, state.opt_state, acc.grads, scale)
-    loss_sums = {k: v for k, v in acc.sums.items() if not k.startswith("tis_sum/")}
-    metrics = losses.finalize(loss_sums, acc.counts, cfg.loss.aggregation)
-    if cfg.mode == "rl":
-        metrics |= mismatch_metrics({k.split("/", 1)[1]: v for k, v in acc.sums.items()
-                                     if k.startswith("tis_sum/")})
+    metrics = losses.finalize(acc.sums, acc.counts, cfg.loss.aggregation)
+    if acc.mismatch is not None:
+        metrics |= mismatch_metrics(acc.mismatch)
     metrics |= {"optim/grad_norm": grad_norm, "optim/lr": lr,
                 "optim/tokens": acc.counts.tokens, "optim/rows": acc.counts.seqs}
     return TrainState(state.step + 1, params, opt_state), metrics
@@ -204,7 +200,7 @@ class TrainFunctions:
         self.state_shardings = TrainState(rep, self.param_shardings, opt)
         self.compiles: dict[str, int] = {}
         self._cache: dict[tuple, Callable] = {}
-        self._sum_names: tuple[str, ...] | None = None
+        self._sum_shapes = None  # (metric sums, mismatch sums, counts) a micro-batch adds
 
     # -- sharding helpers
     def batch_shardings(self, mb: TrainBatch) -> TrainBatch:
@@ -215,9 +211,11 @@ class TrainFunctions:
         row = NamedSharding(self.mesh, PartitionSpec(ROWS))
         return jax.tree.map(lambda _: row, rows)
 
-    def _acc_shardings(self, names) -> Accumulator:
+    def _acc_shardings(self, acc: Accumulator) -> Accumulator:
+        """Gradients sharded as their parameters; every sum and count replicated."""
         rep = _replicated(self.mesh)
-        return Accumulator(self.param_shardings, {k: rep for k in names}, Denominators(rep, rep))
+        sums = jax.tree.map(lambda _: rep, (acc.sums, acc.mismatch, acc.counts))
+        return Accumulator(self.param_shardings, *sums)
 
     def _compiled(self, name: str, fn, args, in_shardings, out_shardings, donate=()):
         """The executable of `fn` for these argument shapes; `out_shardings` may be a
@@ -250,26 +248,25 @@ class TrainFunctions:
     def zeros(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
         """An empty accumulator; its metric names depend on the config, not the bucket."""
         init = self._zeros_fn(params, mb, rows)
-        return self._compiled("zeros", init, (), (), self._acc_shardings(self._sum_names))()
+        return self._compiled("zeros", init, (), (), self._acc_shardings)()
 
     def accumulator_shapes(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
         """What `zeros` returns, as ShapeDtypeStructs (no memory)."""
         return jax.eval_shape(self._zeros_fn(params, mb, rows))
 
     def _zeros_fn(self, params, mb: TrainBatch, rows: RowTargets):
-        if self._sum_names is None:
+        if self._sum_shapes is None:
             loss_fn = rl_loss if self.cfg.mode == "rl" else sft_loss
-            aux = jax.eval_shape(lambda p, b, r: loss_fn(self.graphdef, self.cfg, p, b, r)[1],
-                                 params, mb, rows)
-            self._sum_names = tuple(sorted({**aux[0], **aux[1]}))
-        names = self._sum_names
+            self._sum_shapes = jax.eval_shape(
+                lambda p, b, r: loss_fn(self.graphdef, self.cfg, p, b, r)[1], params, mb, rows)
+        sum_shapes = self._sum_shapes
         shapes = [(x.shape, jnp.float32) for x in jax.tree.leaves(params)]
         treedef = jax.tree.structure(params)
 
         def init():
             grads = jax.tree.unflatten(treedef, [jnp.zeros(*s) for s in shapes])
-            zero = jnp.zeros((), jnp.float32)
-            return Accumulator(grads, {k: zero for k in names}, Denominators(zero, zero))
+            sums = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), sum_shapes)
+            return Accumulator(grads, *sums)
 
         return init
 
@@ -280,7 +277,7 @@ class TrainFunctions:
         """The executable `accumulate` runs for these argument shapes (arrays or
         ShapeDtypeStructs): compiled once per bucket, open to XLA's memory/cost analysis."""
         fn = lambda p, a, b, r: accumulate(self.graphdef, self.cfg, p, a, b, r)  # noqa: E731
-        acc_sh = self._acc_shardings(acc.sums)
+        acc_sh = self._acc_shardings(acc)
         return self._compiled(
             "accumulate", fn, (params, acc, mb, rows),
             (self.param_shardings, acc_sh, self.batch_shardings(mb), self.row_shardings(rows)),
@@ -292,6 +289,6 @@ class TrainFunctions:
         rep = _replicated(self.mesh)
         out_sh = lambda out: (self.state_shardings, jax.tree.map(lambda _: rep, out[1]))  # noqa: E731
         return self._compiled("apply", fn, (state, acc),
-                              (self.state_shardings, self._acc_shardings(acc.sums)),
+                              (self.state_shardings, self._acc_shardings(acc)),
                               out_sh, donate=(0,))(state, acc)
 

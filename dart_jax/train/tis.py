@@ -7,7 +7,7 @@ finds it, capped at C so one token cannot dominate (weights carry no gradient).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,27 +33,37 @@ def tis_weights(logp_old_BxT: jax.Array, logp_rollout_BxT: jax.Array, mask_BxT: 
     return jax.lax.stop_gradient(jnp.where(mask_BxT > 0, w, 0.0))
 
 
-def mismatch_sums(logp_old_BxT: jax.Array, logp_rollout_BxT: jax.Array, mask_BxT: jax.Array,
-                  weight_BxT: jax.Array, cap: float) -> dict[str, jax.Array]:
-    """Additive statistics (exact under any split of the batch); see `mismatch_metrics`.
+class MismatchSums(NamedTuple):
+    """Additive statistics of the trainer's and the sampler's logprobs over masked tokens
+    (exact under any split of the batch); `mismatch_metrics` turns them into the logged means."""
+    n: jax.Array  # masked tokens
+    abs_delta: jax.Array  # sum |x - y|
+    truncated: jax.Array  # tokens whose weight is at the cap
+    sx: jax.Array
+    sy: jax.Array
+    sxx: jax.Array
+    syy: jax.Array
+    sxy: jax.Array
 
-    `weight_BxT` are the TIS weights with cap `cap` (a weight at the cap counts as truncated).
-    """
+
+def mismatch_sums(logp_old_BxT: jax.Array, logp_rollout_BxT: jax.Array, mask_BxT: jax.Array,
+                  weight_BxT: jax.Array, cap: float) -> MismatchSums:
+    """The sums of x = logp_old and y = logp_rollout over the mask; `weight_BxT` are the TIS
+    weights with cap `cap` (a weight at the cap counts as truncated)."""
     m = (mask_BxT > 0).astype(jnp.float32)
     x = jnp.where(m > 0, logp_old_BxT, 0.0)
     y = jnp.where(m > 0, logp_rollout_BxT, 0.0)
-    return {"n": m.sum(), "abs_delta": jnp.sum(m * jnp.abs(x - y)),
-            "truncated": jnp.sum(m * (weight_BxT >= cap)),
-            "sx": x.sum(), "sy": y.sum(), "sxx": jnp.sum(x * x), "syy": jnp.sum(y * y),
-            "sxy": jnp.sum(x * y)}
+    return MismatchSums(n=m.sum(), abs_delta=jnp.sum(m * jnp.abs(x - y)),
+                        truncated=jnp.sum(m * (weight_BxT >= cap)), sx=x.sum(), sy=y.sum(),
+                        sxx=jnp.sum(x * x), syy=jnp.sum(y * y), sxy=jnp.sum(x * y))
 
 
-def mismatch_metrics(s: dict[str, jax.Array]) -> dict[str, jax.Array]:
+def mismatch_metrics(s: MismatchSums) -> dict[str, jax.Array]:
     """tis/abs_delta_logp: mean |logp_old - logp_rollout|; tis/truncated_frac: fraction of
     tokens whose weight hit the cap; tis/corr: Pearson correlation of the two logprobs."""
-    n = jnp.maximum(s["n"], 1.0)
-    cov = s["sxy"] / n - s["sx"] * s["sy"] / n**2
-    vx = s["sxx"] / n - (s["sx"] / n) ** 2
-    vy = s["syy"] / n - (s["sy"] / n) ** 2
-    return {"tis/abs_delta_logp": s["abs_delta"] / n, "tis/truncated_frac": s["truncated"] / n,
+    n = jnp.maximum(s.n, 1.0)
+    cov = s.sxy / n - s.sx * s.sy / n**2
+    vx = s.sxx / n - (s.sx / n) ** 2
+    vy = s.syy / n - (s.sy / n) ** 2
+    return {"tis/abs_delta_logp": s.abs_delta / n, "tis/truncated_frac": s.truncated / n,
             "tis/corr": cov / jnp.sqrt(jnp.maximum(vx * vy, 1e-30))}

@@ -73,7 +73,7 @@ class Trainer:
     # -- checkpoints
     def save(self, ckpt: Checkpointer, data_state: dict) -> bool:
         meta = CheckpointMeta(policy_version=self.version.value, data_state=data_state,
-                              config_hash=config_hash(self.cfg))
+                              config_hash=config_hash(self.cfg.learning()))
         return ckpt.save(self.step, self.state, meta)
 
     def restore(self, ckpt: Checkpointer) -> dict | None:
@@ -83,7 +83,7 @@ class Trainer:
             return None
         shardings = jax.tree.broadcast(self.fns.state_shardings, self.state)  # per array
         target = abstract_state(self.state, shardings)
-        self.state, meta = ckpt.restore(target, config_hash=config_hash(self.cfg))
+        self.state, meta = ckpt.restore(target, config_hash=config_hash(self.cfg.learning()))
         self.step = int(self.state.step)
         log.info("resumed at step %d (checkpointed at policy version %d)", self.step, meta.policy_version)
         return meta.data_state

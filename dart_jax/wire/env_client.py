@@ -1,4 +1,5 @@
-"""asyncio client of the env server, for rollout workers running many episodes at once.
+"""asyncio client of the env server, for rollout workers running many episodes at once, and
+`EnvPool`, the slots of several env servers.
 
     client = EnvClient(WireConfig(endpoint="tcp://127.0.0.1:5555"), client_id="worker-0")
     async with await client.acquire("miniwob") as env:      # one slot, heartbeated
@@ -25,6 +26,7 @@ import logging
 import os
 import time
 import uuid
+from typing import Sequence
 
 from dart_jax.wire import AsyncClient, RemoteError, WireConfig, WireTimeout
 from dart_jax.wire.messages import (EnvAcquire, EnvEvaluate, EnvHeartbeat, EnvLease, EnvListTasks, EnvRelease,
@@ -111,6 +113,11 @@ class EnvSession:
         self.steps = 0
         self.lost = False
 
+    @property
+    def slot_name(self) -> str:
+        """The slot across env servers: "ENDPOINT#SLOT"."""
+        return f"{self.client.wire.cfg.endpoint}#{self.slot}"
+
     async def reset(self, task: TaskSpec) -> EnvReply:
         reply = await self._request(EnvReset(lease_id=self.lease_id, task=task), "reset")
         self.steps = 0
@@ -142,3 +149,32 @@ class EnvSession:
     async def __aexit__(self, *exc) -> None:
         with contextlib.suppress(WireTimeout, RemoteError):
             await self.release()
+
+
+class EnvPool:
+    """Env slots from several env servers: a lease from whichever has a free slot of the backend."""
+
+    def __init__(self, wires: Sequence[WireConfig], client_id: str):
+        self.clients = [EnvClient(w, client_id=client_id) for w in wires]
+        self._next = 0
+
+    async def acquire(self, backend: str, wait_s: float) -> EnvSession:
+        """A leased session, asking the servers in turn; once `wait_s` is past (0: one round),
+        the last server's refusal (RemoteError: `unavailable`, or no such backend there)."""
+        deadline, delay = time.monotonic() + wait_s, 0.05
+        while True:
+            for _ in range(len(self.clients)):
+                client = self.clients[self._next % len(self.clients)]
+                self._next += 1
+                try:
+                    return await client.acquire(backend, wait_s=0.0)
+                except RemoteError as e:
+                    refusal = e
+            if time.monotonic() > deadline:
+                raise refusal
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()

@@ -21,13 +21,13 @@ def _load(*overrides: str) -> RunConfig:
 def test_the_tpu_configs_span_their_slices_with_distributed_auto():
     for path in sorted((ROOT / "configs/tpu").glob("*.yaml")):
         cfg = load(RunConfig, path)
-        assert cfg.trainer_hosts() > 1 and cfg.train.distributed.mode == "auto", path.name
-        assert cfg.train.batch_wait_s is not None  # a trainer on a slice never waits forever
+        assert cfg.trainer_hosts() > 1 and cfg.trainer.distributed.mode == "auto", path.name
+        assert cfg.trainer.batch_wait_s is not None  # a trainer on a slice never waits forever
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["train.distributed.mode='off'"],
-     "the trainer spans the 8 hosts of v5p-64: train.distributed.mode must be auto"),
+    (["trainer.distributed.mode='off'"],
+     "the trainer spans the 8 hosts of v5p-64: trainer.distributed.mode must be auto"),
     (["data.wire.endpoint=tcp://127.0.0.1:5557"],
      "data.wire.endpoint tcp://127.0.0.1:5557 is reached only on its own host, but the data-manager and the "
      "trainer run on different hosts"),
@@ -59,7 +59,7 @@ def test_roles_on_ray_cannot_reach_a_loopback_server_elsewhere():
 
 
 def test_the_refusal_is_one_line_with_exit_code_2():
-    out = subprocess.run([sys.executable, "-m", "dart_jax.cli", "config", "show", str(V5P), "train.distributed.mode='off'"],
+    out = subprocess.run([sys.executable, "-m", "dart_jax.cli", "config", "show", str(V5P), "trainer.distributed.mode='off'"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert "train.distributed.mode must be auto" in out.stderr
+    assert "trainer.distributed.mode must be auto" in out.stderr

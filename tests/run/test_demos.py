@@ -7,7 +7,7 @@ import pytest
 
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.run import demos
-from dart_jax.wire import RemoteError, WireConfig
+from dart_jax.wire import RemoteError, WireConfig, env_client
 from dart_jax.wire.messages import Error, TaskSpec
 from envs.config import EnvServerConfig, SyntheticSlots
 from envs.server import serving
@@ -63,7 +63,7 @@ def _play_demos(monkeypatch, builder, busy: int, **kw) -> list[str]:
         client.played.append(task.task_id)
         return types.SimpleNamespace(status="success", reward=1.0, steps=[])
 
-    monkeypatch.setattr(demos, "EnvClient", lambda *a, **k: client)
+    monkeypatch.setattr(env_client, "EnvClient", lambda *a, **k: client)
     monkeypatch.setattr(demos, "run_episode", episode)
     tasks = [TaskSpec(task_id=f"{b}/t/{s}", backend=b, name="t", seed=s) for b, s in
              [("slow", 0), ("fast", 0), ("fast", 1)]]

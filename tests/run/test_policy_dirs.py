@@ -17,6 +17,7 @@ from dart_jax.agent.config import PromptConfig
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import dump, from_dict, load
 from dart_jax.run.schema import RunConfig
+from dart_jax.testing.trajectories import trajectory
 from dart_jax.wire.trajfiles import write_trajectories
 from dart_jax.agent.image_processing import preprocess_images
 from dart_jax.models.tiny import make_tiny_hf_dir
@@ -30,7 +31,7 @@ from dart_jax.train.checkpoint import Checkpointer
 from dart_jax.train.sources import TrajectoryFileSource
 from dart_jax.train import loop
 from dart_jax.train.trainer import Trainer
-from tests.trajectories import SPEC, trajectory
+from tests.train_batches import SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_SCRIPT = ROOT / "tests/models/vllm_tiny_check.py"

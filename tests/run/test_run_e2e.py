@@ -41,7 +41,7 @@ def _overrides(tmp: Path) -> list[str]:
             "data.curation.tasks_per_batch=2", "data.curation.default_max_steps=3", "data.curation.max_steps=3",
             "rollout.episodes=4", "rollout.sampling.max_tokens=24", "rollout.engine.max_model_len=4096",
             "trainer.buckets.seq_lens=[1024, 2048]", "trainer.buckets.num_slots=[2048, 4096]",
-            "trainer.checkpoint.every_steps=1", f"train.steps={STEPS}"]
+            "trainer.checkpoint.every_steps=1", f"trainer.steps={STEPS}"]
 
 
 def _role_pid(run: Path, role: str) -> int:

@@ -2,8 +2,8 @@ import pytest
 
 from dart_jax.agent.config import PromptConfig
 from dart_jax.agent.prompt import PromptBuilder
+from dart_jax.testing.trajectories import trajectory
 from dart_jax.wire.trajfiles import write_trajectories
-from tests.trajectories import trajectory
 
 
 @pytest.fixture(scope="session")

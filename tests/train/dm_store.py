@@ -2,6 +2,7 @@
 that talk to a real data manager (resume, stall, multi-host), and `dart-jax train`
 processes against it."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -16,12 +17,11 @@ from dart_jax.data.config import CurationConfig, DataManagerConfig, TaskEntry, T
 from dart_jax.data.service import serve
 from dart_jax.run.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
+from dart_jax.testing.trajectories import text_trajectory
 from dart_jax.train.config import BucketConfig, CheckpointConfig, OptimizerConfig, TrainerConfig
-from dart_jax.train.config import TrainRunConfig
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import SubmitTrajectory
 from dart_jax.wire.config import WeightSyncConfig
-from tests.trajectories import text_trajectory
 
 TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
 
@@ -56,18 +56,17 @@ def serve_copy(store, root) -> tuple[DataManagerConfig, threading.Event]:
     return cfg, stop
 
 
-def rl_trainer(tmp_path: Path, name: str, store, tiny_dir, train: TrainRunConfig,
+def rl_trainer(tmp_path: Path, name: str, store, tiny_dir, run: TrainerConfig,
                checkpoint: CheckpointConfig) -> tuple[Path, threading.Event]:
     """A data manager on a copy of `store` at tmp_path/name, and the config file of a
-    one-process RL trainer against it (run directory tmp_path/name)."""
+    one-process RL trainer against it (run directory tmp_path/name; its run settings from `run`)."""
     root = tmp_path / name
     dm, stop = serve_copy(store, root)
     loop = WireConfig(endpoint="tcp://127.0.0.1:0")
     cfg = RunConfig(run=RunSection(name=name, root=str(tmp_path)), policy=PolicySection(hf_dir=str(tiny_dir)),
                     data=dm, weights=WeightSyncConfig(announce=loop, serve=loop),
-                    trainer=TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-4),
-                                          buckets=BucketConfig((128, 256), (64,), 4), checkpoint=checkpoint),
-                    train=train)
+                    trainer=dataclasses.replace(run, mode="rl", optimizer=OptimizerConfig(lr=1e-4),
+                                                buckets=BucketConfig((128, 256), (64,), 4), checkpoint=checkpoint))
     path = root / "trainer.yaml"
     path.write_text(dump(cfg))
     return path, stop

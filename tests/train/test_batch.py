@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from dart_jax.models.inputs import make_inputs
+from dart_jax.testing.trajectories import trajectory
 from dart_jax.train.batch import Bucket, BucketSpec, StepShape, TrainBatch
 from dart_jax.train.collate import Collator, align_step
 from dart_jax.train.screens import InlineScreens, decode_png
-from tests.trajectories import examples, trajectory
+from tests.train_batches import examples
 
 SPEC = BucketSpec(seq_lens=(1024, 768), num_slots=(1536, 768), rows=4)
 

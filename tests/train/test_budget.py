@@ -1,4 +1,4 @@
-"""The training loops' wall-clock budget (`train.max_seconds`): a loop whose budget is spent
+"""The training loops' wall-clock budget (`trainer.max_seconds`): a loop whose budget is spent
 stops before its next update, records `train/out_of_time` at the step it reached and
 checkpoints that step; without a budget it runs its steps."""
 

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dart_jax.models.sharding import make_mesh
 from dart_jax.train.checkpoint import CheckpointMeta, Checkpointer, abstract_state, config_hash
 from dart_jax.train.sources import TrajectoryFileSource
-from tests.trajectories import assert_trees_equal, collator
+from tests.train_batches import assert_trees_equal, collator
 
 
 @dataclasses.dataclass(frozen=True)

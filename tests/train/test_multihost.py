@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 from dart_jax.config import dump
 from dart_jax.run.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
-from dart_jax.train.config import BucketConfig, DistributedConfig, MeshConfig, OptimizerConfig, TrainerConfig, TrainRunConfig
+from dart_jax.train.config import BucketConfig, DistributedConfig, MeshConfig, OptimizerConfig, TrainerConfig
 from dart_jax.wire import WireConfig
 from dart_jax.wire.config import WeightSyncConfig
 from tests.follow import Follower
@@ -46,9 +46,9 @@ def _config(tmp_path, name, store, tiny_dir, distributed: DistributedConfig, row
                     data=dm, weights=WeightSyncConfig(announce=sock("announce"), serve=sock("weights"),
                                                       reannounce_s=0.2),
                     trainer=TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-3), mesh=MeshConfig(fsdp=4),
-                                          buckets=BucketConfig((128, 256), (64,), rows)),
-                    # a budget it does not reach: process 0's clock is broadcast before every update
-                    train=TrainRunConfig(steps=STEPS + 1, batch_wait_s=5, max_seconds=3600, distributed=distributed))
+                                          buckets=BucketConfig((128, 256), (64,), rows),
+                                          # a budget it does not reach: process 0's clock is broadcast before every update
+                                          steps=STEPS + 1, batch_wait_s=5, max_seconds=3600, distributed=distributed))
     path = tmp_path / f"{name}.yaml"
     path.write_text(dump(cfg))
     return cfg, path, stop

@@ -23,7 +23,7 @@ from dart_jax.train.screens import FetchedScreens
 from dart_jax.train.trainer import Trainer
 from dart_jax.wire import Client, codec
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, Step, Trajectory
-from tests.trajectories import collator
+from tests.train_batches import collator
 
 TASKS, GROUP, STEPS, SHOWN = 8, 8, 30, 5  # DART's prompt keeps the last 5 screenshots
 

@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from dart_jax.train.config import CheckpointConfig
-from dart_jax.train.config import TrainRunConfig
+from dart_jax.train.config import TrainerConfig
 from tests.train import dm_store
 from tests.train.dm_store import records, train
 from tests.procs import kill_when
@@ -39,7 +39,7 @@ def store(tmp_path_factory):
 
 
 def _start(tmp_path, name: str, store, tiny_dir):
-    return dm_store.rl_trainer(tmp_path, name, store, tiny_dir, TrainRunConfig(steps=STEPS, export=True),
+    return dm_store.rl_trainer(tmp_path, name, store, tiny_dir, TrainerConfig(steps=STEPS, export=True),
                                CheckpointConfig(every_steps=EVERY, async_save=False))
 
 

@@ -1,5 +1,5 @@
-"""A trainer whose data manager has no batch for it within `train.batch_wait_s`, or whose
-`train.max_seconds` are spent (before an update, or while it waits for a batch), stops early
+"""A trainer whose data manager has no batch for it within `trainer.batch_wait_s`, or whose
+`trainer.max_seconds` are spent (before an update, or while it waits for a batch), stops early
 at the step it reached: it exits cleanly, records `train/stalled` or `train/out_of_time`,
 and checkpoints and exports the policy of that step, so a run goes on from it instead of
 waiting forever."""
@@ -7,7 +7,7 @@ waiting forever."""
 import pytest
 
 from dart_jax.train.config import CheckpointConfig
-from dart_jax.train.config import TrainRunConfig
+from dart_jax.train.config import TrainerConfig
 from tests.train import dm_store
 from tests.train.dm_store import records, train
 
@@ -17,7 +17,7 @@ BUDGET_S = 1.0
 WAITING_BUDGET_S = 40.0  # past the updates 16 rollouts make, short of the batch wait
 
 
-def _stop_early(tmp_path, tiny_dir, rollouts: int, run: TrainRunConfig) -> list[dict]:
+def _stop_early(tmp_path, tiny_dir, rollouts: int, run: TrainerConfig) -> list[dict]:
     """The metrics records of a trainer run to its end against a store of `rollouts`."""
     dm_store.fill(tmp_path / "store", n=rollouts)
     config, stop = dm_store.rl_trainer(tmp_path, "run", tmp_path / "store", tiny_dir, run,
@@ -31,7 +31,7 @@ def _stop_early(tmp_path, tiny_dir, rollouts: int, run: TrainRunConfig) -> list[
 
 
 def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp_path, tiny_dir):
-    *updates, last = _stop_early(tmp_path, tiny_dir, 16, TrainRunConfig(steps=100, batch_wait_s=WAIT_S))
+    *updates, last = _stop_early(tmp_path, tiny_dir, 16, TrainerConfig(steps=100, batch_wait_s=WAIT_S))
     assert updates and [r["step"] for r in updates] == list(range(1, len(updates) + 1))
     assert all("train/stalled" not in r for r in updates)
     assert last["step"] == len(updates) < 100
@@ -43,7 +43,7 @@ def test_a_trainer_without_batches_stops_at_its_step_and_exports_that_policy(tmp
 def test_a_trainer_past_its_budget_stops_before_the_next_update_and_exports_that_policy(tmp_path, tiny_dir):
     # the first update compiles the step (seconds on a CPU): the budget is spent after it
     *updates, last = _stop_early(tmp_path, tiny_dir, 48,
-                                 TrainRunConfig(steps=100, batch_wait_s=60, max_seconds=BUDGET_S))
+                                 TrainerConfig(steps=100, batch_wait_s=60, max_seconds=BUDGET_S))
     assert updates and [r["step"] for r in updates] == list(range(1, len(updates) + 1))
     assert last["step"] == len(updates) and last["train/out_of_time"] == 1.0
     assert last["train/elapsed_s"] >= BUDGET_S and "train/stalled" not in last
@@ -53,7 +53,7 @@ def test_a_trainer_past_its_budget_stops_before_the_next_update_and_exports_that
 
 def test_a_budget_that_ends_while_the_trainer_waits_for_a_batch_ends_the_wait(tmp_path, tiny_dir):
     *updates, last = _stop_early(tmp_path, tiny_dir, 16,
-                                 TrainRunConfig(steps=100, batch_wait_s=600, max_seconds=WAITING_BUDGET_S))
+                                 TrainerConfig(steps=100, batch_wait_s=600, max_seconds=WAITING_BUDGET_S))
     assert updates and last["step"] == len(updates)
     assert last["train/out_of_time"] == 1.0 and "train/stalled" not in last
     assert WAITING_BUDGET_S <= last["train/elapsed_s"] < WAITING_BUDGET_S + 30  # not the 600 s wait

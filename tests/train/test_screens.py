@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from dart_jax.agent.image_processing import ImageProcessorConfig, preprocess_image
+from dart_jax.testing.trajectories import screenshots
 from dart_jax.train.screens import FetchedScreens, InlineScreens, ScreenCache, decode_png
 from dart_jax.wire.messages import Trajectory
 from dart_jax.wire.png import address
-from tests.trajectories import screenshots
 
 CFG = ImageProcessorConfig(min_pixels=100 * 28 * 28, max_pixels=16384 * 28 * 28)
 

@@ -15,7 +15,7 @@ from dart_jax.config import from_dict
 from dart_jax.data import service
 from dart_jax.data.config import DataManagerConfig
 from dart_jax.data.tasks import write_task_file
-from dart_jax.testing.trajectories import task_specs
+from dart_jax.testing.trajectories import task_specs, trajectory
 from dart_jax.models.sharding import make_mesh
 from dart_jax.train.collate import Collator, rl_microbatches
 from dart_jax.train.batch import StepRef
@@ -27,7 +27,7 @@ from dart_jax.train.version import PolicyVersion
 from dart_jax.wire import Client
 from dart_jax.wire.messages import BatchRequest, SubmitTrajectory
 from dart_jax.wire.trajfiles import write_trajectories
-from tests.trajectories import assert_trees_equal, collator, layout_inline, trajectory
+from tests.train_batches import assert_trees_equal, collator, layout_inline
 
 
 def _step_of_row(trajs):

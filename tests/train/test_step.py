@@ -10,6 +10,7 @@ from dart_jax.models.config import Qwen25VLConfig, TextConfig, VisionConfig
 from dart_jax.models.inputs import ModelInputs
 from dart_jax.models.qwen25vl import abstract_model
 from dart_jax.models.sharding import make_mesh
+from dart_jax.testing.trajectories import trajectory
 from dart_jax.train.batch import TrainBatch
 from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig, TISConfig,
                                    TrainerConfig)
@@ -18,7 +19,7 @@ from dart_jax.train.prepare import prepare_rl, prepare_sft
 from dart_jax.train.optimizer import schedule_of
 from dart_jax.train.step import RowTargets, Scores, TrainFunctions, token_scores
 from dart_jax.train.trainer import Trainer
-from tests.trajectories import collator, examples, layout_inline, trajectory
+from tests.train_batches import collator, examples, layout_inline
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +152,7 @@ def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, gro
     assert sorted(acc1.sums) == sorted(acc2.sums)
     for key in acc1.sums:
         np.testing.assert_allclose(acc2.sums[key], acc1.sums[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    np.testing.assert_allclose(acc2.mismatch, acc1.mismatch, rtol=1e-5, atol=1e-5)
     assert (acc1.counts.tokens, acc1.counts.seqs) == (acc2.counts.tokens, acc2.counts.seqs)
     assert float(acc1.counts.seqs) == 2  # entropy selection kept the top half of 4 steps
     for key in ("select/threshold", "select/entropy_kept", "select/entropy_dropped"):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from dart_jax.testing.trajectories import text_trajectory
 from dart_jax.wire.trajfiles import write_trajectories
 from dart_jax.models.sharding import make_mesh
 from dart_jax.train.batch import BucketSpec
@@ -20,7 +21,6 @@ from dart_jax.train.sources import layout_rl_batch
 from dart_jax.train.screens import InlineScreens
 from dart_jax.train.trainer import Trainer
 from dart_jax.wire.messages import CuratedBatch
-from tests.trajectories import text_trajectory
 from tests.procs import kill_when
 
 SEQ_LENS = (64, 128, 256)

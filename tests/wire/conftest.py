@@ -1,22 +1,10 @@
-import numpy as np
 import pytest
 
 from dart_jax.wire import Server, WireConfig
-from dart_jax.wire.messages import Step, SubmitTrajectory, Trajectory, TrajectoryAck
+from dart_jax.wire.messages import SubmitTrajectory, TrajectoryAck
 
 
 LIMIT = 1 << 16  # max_message_bytes of the test server: oversize messages stay cheap to fuzz
-
-
-def make_trajectory(n_steps: int = 2, traj_id: str = "t1") -> Trajectory:
-    rng = np.random.default_rng(0)
-    steps = [Step(prompt_ids=rng.integers(0, 151_936, 40, dtype=np.int32),
-                  response_ids=rng.integers(0, 151_936, 7, dtype=np.int32),
-                  logprobs=rng.normal(size=7).astype(np.float32), image_refs=[i],
-                  policy_version=3, response_text="Thought: x\nAction: wait()", action="wait()")
-             for i in range(n_steps)]
-    return Trajectory(traj_id=traj_id, task_id="synthetic/button/1", steps=steps,
-                      screenshots=[b"\x89PNG" + bytes(100)] * n_steps, reward=1.0, status="success")
 
 
 def ack_handler(msg):

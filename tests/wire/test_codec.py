@@ -2,15 +2,14 @@ import msgspec
 import numpy as np
 import pytest
 
+from dart_jax.testing.trajectories import make_trajectory
 from dart_jax.wire import codec
 from dart_jax.wire.codec import WireError
 from dart_jax.wire.messages import PROTOCOL_VERSION, Ping, SubmitTrajectory, Trajectory
 
-from tests.wire.conftest import make_trajectory
-
 
 def test_arrays_travel_as_raw_frames():
-    traj = make_trajectory(n_steps=3)
+    traj = make_trajectory(steps=3)
     frames = codec.encode(SubmitTrajectory(trajectory=traj), rid=7)
     assert len(frames) == 1 + 3 * 3  # header + (prompt, response, logprobs) per step
     assert bytes(frames[1]) == traj.steps[0].prompt_ids.tobytes()

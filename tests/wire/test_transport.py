@@ -5,11 +5,12 @@ import msgspec
 import pytest
 import zmq
 
+from dart_jax.testing.trajectories import make_trajectory
 from dart_jax.wire import (AsyncClient, Client, CurveConfig, RemoteError, Server, WireConfig, WireError,
                            WireTimeout, codec, curve)
 from dart_jax.wire.messages import Error, Ping, Pong, SubmitTrajectory, TaskRequest, TrajectoryAck
 
-from tests.wire.conftest import LIMIT, ack_handler, make_trajectory
+from tests.wire.conftest import LIMIT, ack_handler
 
 
 def client_cfg(server, **kw):
@@ -103,7 +104,7 @@ def test_a_frame_over_the_hard_cap_drops_the_connection_and_the_peer_reconnects(
 
 
 def test_clients_refuse_to_send_what_the_server_could_not_read(server):
-    big = make_trajectory(n_steps=1)
+    big = make_trajectory(steps=1)
     big.screenshots[0] = bytes(LIMIT)
     with Client(client_cfg(server)) as c:
         with pytest.raises(WireError) as err:
@@ -126,7 +127,7 @@ def test_clients_refuse_to_send_what_the_server_could_not_read(server):
 
 def test_a_reply_over_the_limit_becomes_a_too_large_error():
     def handler(msg):
-        traj = make_trajectory(n_steps=1)
+        traj = make_trajectory(steps=1)
         traj.screenshots[0] = bytes(LIMIT)
         return SubmitTrajectory(trajectory=traj)
 

@@ -6,7 +6,7 @@ directory (as scp gives it) and runs `bash install.sh` and `bash launch.sh start
 install is the offline form of the same script (DART_PYTHON: this interpreter; DART_DEPS_FROM:
 this venv's site-packages, so only the wheel installs, --no-deps; UV_OFFLINE): the hosts run
 the shipped code and its entry point, not this checkout. JAX CPU stands in for the TPU:
-each host has two CPU devices, and `train.distributed.mode: auto` forms one group of two
+each host has two CPU devices, and `trainer.distributed.mode: auto` forms one group of two
 processes from TPU_WORKER_HOSTNAMES and TPU_WORKER_ID, the variables a GKE slice gives.
 Checkpoints and metrics go to one shared run root. Process 0 publishes each version to a
 weight puller (a rollout worker's side of the sync).
@@ -36,15 +36,15 @@ from dart_jax.run.schema import RunConfig
 from dart_jax.run.config import PolicySection, RunSection
 from dart_jax.run.launchers import remote
 from dart_jax.run.launchers.config import TPUConfig
+from dart_jax.testing.trajectories import text_trajectory
 from dart_jax.train.config import BucketConfig, CheckpointConfig, DistributedConfig, MeshConfig
-from dart_jax.train.config import OptimizerConfig, TrainerConfig, TrainRunConfig
+from dart_jax.train.config import OptimizerConfig, TrainerConfig
 from dart_jax.wire import Client, WireConfig
 from dart_jax.wire.messages import SubmitTrajectory
 from dart_jax.wire.config import WeightSyncConfig
 from tests.net import free_port
 from tests.train import dm_store
 from tests.follow import Follower
-from tests.trajectories import text_trajectory
 
 pytestmark = pytest.mark.slow
 HOSTS, STEPS = 2, 4
@@ -57,8 +57,8 @@ def _config(tmp_path: Path, dm, tiny_dir) -> RunConfig:
         data=dm, weights=WeightSyncConfig(announce=sock("announce"), serve=sock("weights"), reannounce_s=0.2),
         trainer=TrainerConfig(mode="rl", optimizer=OptimizerConfig(lr=1e-3), mesh=MeshConfig(fsdp=4),
                               buckets=BucketConfig((128, 256), (64,), 2),
-                              checkpoint=CheckpointConfig(every_steps=1, async_save=False)),
-        train=TrainRunConfig(steps=STEPS, batch_wait_s=600, distributed=DistributedConfig(mode="auto")))
+                              checkpoint=CheckpointConfig(every_steps=1, async_save=False),
+                              steps=STEPS, batch_wait_s=600, distributed=DistributedConfig(mode="auto")))
 
 
 def _run(argv: list[str], cwd: Path, env: dict) -> None:
