@@ -84,11 +84,11 @@ class WeightPublisher:
         self.cfg, self.model_config, self.state_file = cfg, model_config, state_file
         self.process, self.processes = jax.process_index(), jax.process_count()
         self.lead = self.process == 0
-        self.version = PolicyVersion() if version is None else version  # advanced here alone
-        self.version.value = recorded(state_file) if self.lead else 0
+        self._version = PolicyVersion() if version is None else version  # advanced here alone
+        self._version.value = recorded(state_file) if self.lead else 0
         if self.processes > 1:  # process 0's record holds (other hosts may not see the file)
             from jax.experimental import multihost_utils
-            self.version.value = int(multihost_utils.broadcast_one_to_all(np.int64(self.version.value)))
+            self._version.value = int(multihost_utils.broadcast_one_to_all(np.int64(self._version.value)))
         self._versions: OrderedDict[int, Served] = OrderedDict()
         self._changed = threading.Condition()
         self._layouts: dict[tuple, Layout] = {}
@@ -111,6 +111,11 @@ class WeightPublisher:
             self._repeater = threading.Thread(target=self._reannounce, name="weights-announce", daemon=True)
             self._repeater.start()
 
+    @property
+    def version(self) -> int:
+        """The newest version published (0: none yet)."""
+        return self._version.value
+
     def _advertised(self) -> str:
         if not self.cfg.advertise:
             return self.server.endpoint
@@ -121,7 +126,7 @@ class WeightPublisher:
     def publish(self, params) -> int:
         """Announce, convert, fill and serve `params` as the next version; returns it."""
         start = time.perf_counter()
-        version = self.version.value + 1
+        version = self.version + 1
         layout = self._layout(params)
         ann = WeightAnnounce(version=version, hosts=self.hosts, tensors=layout.tensors, buckets=layout.buckets,
                              total_bytes=sum(b.nbytes for b in layout.buckets), published_at=time.time())
@@ -135,7 +140,7 @@ class WeightPublisher:
                 self.pub.send(ann)
         announced = time.perf_counter()
         times = self._fill(served, to_hf_device(params, self.model_config, self.cfg.dtype, reuse), layout)
-        self.version.value = version
+        self._version.value = version
         if self.lead:
             record(self.state_file, version)
         end = time.perf_counter()
@@ -264,13 +269,13 @@ class WeightPublisher:
         announce it before every host has queued its conversion)."""
         deadline = time.monotonic() + self.cfg.serve.timeout_s
         with self._changed:
-            while version == self.version.value + 1 and version not in self._versions:
+            while version == self.version + 1 and version not in self._versions:
                 if not self._changed.wait(max(0.0, deadline - time.monotonic())):
                     break
             return self._versions.get(version)
 
     def info(self) -> dict:
-        return {"process": self.process, "version": self.version.value, "bytes_served": self.bytes_served,
+        return {"process": self.process, "version": self.version, "bytes_served": self.bytes_served,
                 "bytes_shared": self.bytes_shared}
 
     def _reannounce(self) -> None:
