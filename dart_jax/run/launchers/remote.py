@@ -30,6 +30,7 @@ from dart_jax.config import UsageError
 from dart_jax.run.launchers.config import SharedRoot, TPUConfig
 
 CONFIG, LOG, PID = "run.yaml", "train.log", "train.pid"
+EXITS = ".dart-jax-exit"  # under the shared root: <tpu name>/<host>, each host's trainer exit code
 LOCK = "lock.txt"
 INSTALL, LAUNCH = "install.sh", "launch.sh"
 CHECKOUT = Path(__file__).resolve().parents[3]
@@ -106,15 +107,25 @@ echo "dart-jax installed in $PWD/.venv"
 """
 
 
+def exit_dir(t: TPUConfig) -> str:
+    """Where each host's launch writes its trainer's exit code: on the shared root, so `dart-jax
+    run` sees a trainer that died at once (a bad config: 2) in seconds, not after
+    `startup_timeout_s` without heartbeats; in the workdir when there is no shared root."""
+    return EXITS if t.shared_root.kind == "none" else f"{t.shared_root.path}/{EXITS}/{t.name}"
+
+
 def launch_script(t: TPUConfig) -> str:
     return f"""#!/usr/bin/env bash
 # The trainer on this host (written by `dart-jax tpu submit`):
 #   bash {LAUNCH} start   stop the trainer this script started before, then start `{t.launch_command} {CONFIG}`
-#                         detached (it resumes from the run's last checkpoint), output appended to {LOG}
+#                         detached (it resumes from the run's last checkpoint), output appended to {LOG},
+#                         its exit code, when it ends, to {exit_dir(t)}/HOST
 #   bash {LAUNCH} stop
 set -euo pipefail
 cd "$(dirname "$0")"
 export PATH="$PWD/.venv/bin:$PATH"
+umask 002  # what the trainer writes on the shared root, the group's other users may write too
+EXIT={shlex.quote(exit_dir(t))}/"$(hostname)$(pwd | tr / -)"  # a host (and a workdir: the rehearsal's hosts)
 alive() {{ [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }}  # a zombie is gone
 stop() {{
   [ -f {PID} ] || return 0
@@ -127,7 +138,9 @@ stop() {{
 }}
 case "${{1:-start}}" in
   stop) stop ;;
-  start) stop; setsid {t.launch_command} {CONFIG} >> {LOG} 2>&1 < /dev/null & echo $! > {PID} ;;
+  start) stop; mkdir -p "$(dirname "$EXIT")"; rm -f "$EXIT"
+    setsid bash -c '"$@"; echo $? > "$0.tmp" && mv "$0.tmp" "$0"' "$EXIT" {t.launch_command} {CONFIG} \\
+      >> {LOG} 2>&1 < /dev/null & echo $! > {PID} ;;
   *) echo "usage: {LAUNCH} start|stop" >&2; exit 2 ;;
 esac
 """

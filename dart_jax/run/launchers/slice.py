@@ -7,7 +7,9 @@
 The supervisor cannot wait on a process on other hosts, so it watches the trainer's
 heartbeats through the data manager (dart_jax.train.heartbeat -> TrainerStatus): running
 while they come, exit code 0 when the last one says finished, 1 when it says failed or when
-they stop for `tpu.heartbeat_timeout_s` (or never start within `tpu.startup_timeout_s`).
+they stop for `tpu.heartbeat_timeout_s` (or never start within `tpu.startup_timeout_s`). A host
+whose trainer exits non-zero says so sooner: its launch writes the exit code on the shared root
+(remote.exit_dir), and that code is the trainer's (2, a refused config, is never restarted).
 A dead trainer is then handled as any role: the supervisor starts it again (a submit: the
 slice is reused, or recreated when it was preempted, and the trainer resumes from the shared
 checkpoint) up to the row's `max_restarts`, and stopping the run stops the trainer on every
@@ -20,8 +22,9 @@ from __future__ import annotations
 import logging
 import shlex
 import time
+from pathlib import Path
 
-from dart_jax.run.launchers import tpu
+from dart_jax.run.launchers import remote, tpu
 from dart_jax.run.launchers.local import Instance
 from dart_jax.wire import Client, RemoteError, WireTimeout
 from dart_jax.wire.messages import TrainerStatus, TrainerStatusRequest
@@ -50,7 +53,17 @@ class SliceProcess:
             return None
         return got if isinstance(got, TrainerStatus) else None
 
+    def exited(self) -> dict[str, int]:
+        """The exit codes the slice's hosts wrote on the shared root (none without one)."""
+        if self.cfg.tpu.shared_root.kind == "none" or not (exits := Path(remote.exit_dir(self.cfg.tpu))).is_dir():
+            return {}
+        codes = {f.name: f.read_text().strip() for f in exits.iterdir() if not f.name.endswith(".tmp")}
+        return {host: int(code) for host, code in codes.items() if code.isdigit()}
+
     def exit_code(self) -> int | None:
+        if failed := {host: code for host, code in self.exited().items() if code}:
+            log.error("the trainer on %s exited: %s", self.cfg.tpu.name, failed)
+            return 2 if 2 in failed.values() else next(iter(failed.values()))
         t, status, waited = self.cfg.tpu, self.status(), self.clock() - self.started
         fresh = status is not None and status.seen_s_ago is not None and status.seen_s_ago < waited
         if fresh and status.state in ("finished", "failed"):
@@ -92,6 +105,9 @@ class SliceLauncher:
         tpu.require(t, str(instance.config))
         tpu.check_gcloud(self.env)
         if not t.attach:
+            if t.shared_root.kind != "none":  # exit codes of an earlier launch are not this one's
+                for old in Path(remote.exit_dir(t)).glob("*"):
+                    old.unlink()
             state = tpu.describe_state(t, self.env)
             for step in tpu.submit_steps(t, tpu.ship_dir(self.cfg), state)[:-1]:  # all but following the log
                 tpu.run_step(step, t, self.env, instance.config.read_text())

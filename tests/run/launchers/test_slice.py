@@ -3,8 +3,11 @@ attached through gcloud (a fake one here), watched through the trainer's heartbe
 data manager, finished, failed or silent as those say, and stopped on every host with the run.
 """
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +15,7 @@ from dart_jax.config import from_dict
 from dart_jax.config.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.run.launchers import slice as slice_lib
-from dart_jax.run.launchers import tpu
+from dart_jax.run.launchers import remote, tpu
 from dart_jax.run.launchers.local import Instance
 from dart_jax.run.supervisor import RunFailed, Supervisor, instance_configs
 from dart_jax.train.heartbeat import Heartbeat
@@ -136,3 +139,41 @@ def test_a_silent_slice_stops_the_run_when_its_restarts_are_spent(tmp_path, data
         sup.start({"trainer"})
         with pytest.raises(RunFailed, match="trainer died 1 times"):
             sup.wait_done("trainer", period_s=0.1)
+
+
+def _refusing_slice(tmp_path, dm, **tpu):
+    """A slice config with its shared root in tmp_path, whose trainer refuses its config (exit 2)."""
+    return _cfg(tmp_path, dm, launch_command=f"{sys.executable} -c 'import sys; sys.exit(2)'",
+                shared_root={"kind": "nfs", "source": "10.0.0.2:/runs", "path": str(tmp_path)}, **tpu)
+
+
+def test_a_trainer_that_exits_before_its_first_heartbeat_is_seen_in_seconds(tmp_path, data_manager):
+    cfg = _refusing_slice(tmp_path, data_manager)  # startup_timeout_s: 2 h
+    host = tmp_path / "host0"
+    host.mkdir()
+    (host / remote.LAUNCH).write_text(remote.launch_script(cfg.tpu))
+    subprocess.run(["bash", remote.LAUNCH, "start"], cwd=host, check=True, timeout=60)
+    proc = slice_lib.SliceProcess(cfg, Slice().env())
+    deadline = time.monotonic() + 60
+    while (code := proc.exit_code()) is None:
+        assert time.monotonic() < deadline, "the launch wrote no exit code"
+        time.sleep(0.1)
+    assert code == 2
+    assert list(proc.exited().values()) == [2]
+
+
+def test_a_refused_config_is_never_restarted_and_an_old_exit_code_is_not_this_launch(tmp_path, data_manager,
+                                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _refusing_slice(tmp_path, data_manager)
+    exits = Path(remote.exit_dir(cfg.tpu))
+    exits.mkdir(parents=True)
+    (exits / "old-host").write_text("137\n")  # a launch before this one
+    run = RunDir.create(tmp_path / "slice")
+    with Supervisor(cfg, run, launchers={"tpu": slice_lib.SliceLauncher(cfg, Slice().env())}) as sup:
+        sup.start({"trainer"})
+        assert not any(exits.iterdir())  # the submit cleared it
+        (exits / "t1v-w-0").write_text("2\n")  # what host 0's launch writes when the trainer refuses its config
+        with pytest.raises(RunFailed, match="refused its config"):
+            sup.wait_done("trainer", period_s=0.1)
+        assert sup.restarts() == {"trainer": 0}
