@@ -14,16 +14,18 @@ A dead trainer is then handled as any role: the supervisor starts it again (a su
 slice is reused, or recreated when it was preempted, and the trainer resumes from the shared
 checkpoint) up to the row's `max_restarts`, and stopping the run stops the trainer on every
 host (`launch.sh stop`). Rollout workers reach the weights process 0 serves at worker 0's
-address (`host`).
+address (`host`). The slice reads the trainer's config with its own policy path (slice_config).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from dart_jax.config import dump, load
 from dart_jax.run.launchers import remote, tpu
 from dart_jax.run.launchers.local import Instance
 from dart_jax.wire import Client, RemoteError, WireTimeout
@@ -35,6 +37,18 @@ log = logging.getLogger(__name__)
 def worker0_argv(t) -> list[str]:
     return ["gcloud", "compute", "tpus", "tpu-vm", "describe", t.name, f"--zone={t.zone}", f"--project={t.project}",
             "--format=value(networkEndpoints[0].ipAddress)"]
+
+
+def slice_config(cfg, config: Path) -> str:
+    """The trainer's config (`config`, as the head wrote it) as the slice reads it: a policy on
+    the shared root keeps its path (the same on every host); any other is the head's own copy,
+    and the slice takes the run config's `policy.hf_dir` (relative: in tpu.workdir, where the
+    install's setup_command puts it)."""
+    trainer = load(type(cfg), config)
+    root, hf_dir = cfg.tpu.shared_root, trainer.policy.hf_dir
+    if root.kind == "none" or not PurePosixPath(hf_dir).is_relative_to(root.path):
+        trainer = dataclasses.replace(trainer, policy=dataclasses.replace(trainer.policy, hf_dir=cfg.policy.hf_dir))
+    return dump(trainer)
 
 
 class SliceProcess:
@@ -110,7 +124,7 @@ class SliceLauncher:
                     old.unlink()
             state = tpu.describe_state(t, self.env)
             for step in tpu.submit_steps(t, tpu.ship_dir(self.cfg), state)[:-1]:  # all but following the log
-                tpu.run_step(step, t, self.env, instance.config.read_text())
+                tpu.run_step(step, t, self.env, slice_config(self.cfg, instance.config))
             log.info("trainer submitted to %s (%s)", t.name, t.accelerator_type)
         return SliceProcess(self.cfg, self.env)
 

@@ -3,6 +3,7 @@ attached through gcloud (a fake one here), watched through the trainer's heartbe
 data manager, finished, failed or silent as those say, and stopped on every host with the run.
 """
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dart_jax.config import from_dict
+from dart_jax.config import dump, from_dict, load
 from dart_jax.config.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.run.launchers import slice as slice_lib
@@ -84,18 +85,38 @@ def test_the_trainer_is_what_its_heartbeats_say(tmp_path, data_manager):
     assert proc.host() == WORKER0
 
 
+def _with_policy(cfg: RunConfig, hf_dir: str) -> RunConfig:
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, hf_dir=hf_dir))
+
+
+def test_a_policy_on_the_shared_root_keeps_its_path_on_the_slice(tmp_path, data_manager):
+    cfg = _with_policy(_cfg(tmp_path, data_manager, shared_root={"kind": "nfs", "source": "10.0.0.2:/runs",
+                                                                   "path": str(tmp_path)}), "UI-TARS-1.5-7B")
+    config = tmp_path / "trainer.yaml"
+    for policy, shipped in ((f"{tmp_path}/slice/sft/export/step-200", f"{tmp_path}/slice/sft/export/step-200"),
+                            ("/home/head-user/UI-TARS-1.5-7B", "UI-TARS-1.5-7B")):
+        config.write_text(dump(_with_policy(cfg, policy)))
+        assert load(RunConfig, _written(tmp_path, slice_lib.slice_config(cfg, config))).policy.hf_dir == shipped
+
+
+def _written(tmp_path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
 def test_start_submits_without_following_and_stop_stops_every_host(tmp_path, data_manager, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = _cfg(tmp_path, data_manager)
-    config = tmp_path / "trainer.yaml"
-    config.write_text("the trainer's config\n")
+    cfg = _with_policy(_cfg(tmp_path, data_manager), "UI-TARS-1.5-7B")  # the install downloads it on every worker
+    config = tmp_path / "trainer.yaml"  # as the head writes it: its own copy of the policy, by absolute path
+    config.write_text(dump(_with_policy(cfg, "/home/head-user/UI-TARS-1.5-7B")))
     fake = Slice(existing="SUSPENDED")  # preempted: deleted and created again
     proc = slice_lib.SliceLauncher(cfg, fake.env()).start(Instance("trainer", "trainer", config, tmp_path / "t.log"))
     steps = tpu.submit_steps(cfg.tpu, tpu.ship_dir(cfg), "SUSPENDED")
     ran = [argv for argv, _ in fake.calls]
     assert [s.kind for s in steps][-1] == "follow" and list(steps[-1].argv) not in ran
     assert tpu.delete_argv(cfg.tpu) in ran and list(steps[-2].argv) in ran  # ... the launch on every host
-    assert (tpu.ship_dir(cfg) / "run.yaml").read_text() == "the trainer's config\n"
+    assert (tpu.ship_dir(cfg) / "run.yaml").read_text() == dump(cfg)  # the slice's own path to its policy
     proc.stop()
     assert fake.calls[-1] == (tpu.ssh_argv(cfg.tpu, "bash dart-jax/launch.sh stop"), False)
 
