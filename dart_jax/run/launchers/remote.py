@@ -78,7 +78,23 @@ def _mount(root: SharedRoot) -> str:
         mount = f"sudo gcsfuse -o allow_other --implicit-dirs --rename-dir-limit=100000 --file-mode=666 " \
                 f"--dir-mode=777 {source} {path}"
     return (f"# the shared run root ({root.kind}), the same directory on every host\n{install}\n"
-            f"mountpoint -q {path} || {{ sudo mkdir -p {path} && {mount}; }}")
+            f"mountpoint -q {path} || {{ sudo mkdir -p {path} && {mount}; }}\n{share_access(root)}")
+
+
+def share_access(root: SharedRoot) -> str:
+    """A fresh NFS share is root's, 0755, and each host's user has a uid of its own: every host's
+    user joins one group of a fixed id (the head's user too) and the share is that group's,
+    setgid (what is made under it keeps the group) and group-writable (the launch's umask 002
+    keeps what the trainer makes so). A group rather than a world-writable sticky directory:
+    the sticky bit would stop one host's user renaming or removing another's files (orbax
+    commits a step by renaming, the head clears exit codes). gcsfuse mounts it all 777."""
+    if root.kind != "nfs":
+        return "# gcsfuse: every file and directory is writable by all (--file-mode, --dir-mode)"
+    path, gid = shlex.quote(root.path), root.gid
+    return (f"# every host's user writes the share through group {gid}\n"
+            f"getent group {gid} >/dev/null || sudo groupadd -g {gid} dart-jax\n"
+            f"sudo usermod -aG \"$(getent group {gid} | cut -d: -f1)\" \"${{USER:-$(id -un)}}\"\n"
+            f"sudo chgrp {gid} {path} && sudo chmod 2775 {path}")
 
 
 def install_script(t: TPUConfig, wheel: str) -> str:
