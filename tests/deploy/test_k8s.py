@@ -198,3 +198,16 @@ def test_each_pod_gets_only_the_secret_keys_it_uses():
         need |= {wire(cfg, k).curve.client_secret_key for k, (_, clients) in LINKS.items()
                  if role in clients or probed(c) == k}
         assert {f for f in files(spec, c) if f.endswith(".key_secret")} == need, role
+
+
+def test_the_jobsets_host_names_get_a_headless_service_of_their_own():
+    """The JobSet controller names its pods' subdomain `spec.network.subdomain` (default: the
+    JobSet's name) and makes that headless Service only when no Service has the name: one of
+    ours with it would leave the hosts' names (the coordinator's, weights.advertise's) unresolved."""
+    services = {d["metadata"]["name"] for d in documents() if d["kind"] == "Service"}
+    jobsets = [d for d in documents() if d["kind"] == "JobSet"]
+    assert jobsets
+    for d in jobsets:
+        network = d["spec"].get("network", {})
+        assert network.get("enableDNSHostnames", True)
+        assert network.get("subdomain", d["metadata"]["name"]) not in services
