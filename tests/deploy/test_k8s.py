@@ -4,6 +4,7 @@ ports, Services, liveness probes and CURVE key files agree with that config."""
 
 import argparse
 import posixpath
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -211,3 +212,39 @@ def test_the_jobsets_host_names_get_a_headless_service_of_their_own():
         network = d["spec"].get("network", {})
         assert network.get("enableDNSHostnames", True)
         assert network.get("subdomain", d["metadata"]["name"]) not in services
+
+
+CACHES = {"XDG_CACHE_HOME", "HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+          "JAX_COMPILATION_CACHE_DIR"}
+
+
+def images() -> dict[str, tuple[int | None, dict[str, str]]]:
+    """Each image deploy/docker builds (the `-t NAME` of its header): the uid of its user (None:
+    root) and its environment."""
+    out = {}
+    for dockerfile in (K8S.parent / "docker").glob("*.Dockerfile"):
+        text = dockerfile.read_text().replace("\\\n", " ")
+        user = re.search(r"useradd .*--uid (\d+)", text) if re.search(r"^USER dart$", text, re.M) else None
+        env = dict(kv.split("=", 1) for line in re.findall(r"^ENV (.*)$", text, re.M) for kv in line.split())
+        out[re.search(r"-t (\S+) ", text).group(1)] = (int(user.group(1)) if user else None, env)
+    return out
+
+
+def test_each_pod_runs_as_its_images_user_with_its_volumes_and_caches_writable():
+    """A fresh volume is root's: fsGroup gives it to the group 1000 (the images' `dart`); a pod of
+    an image with a user runs as it, never as root; every cache lies on a writable volume or in
+    the user's home (the TPU image runs as root: libtpu opens the devices)."""
+    built = images()
+    for _, spec, container in containers():
+        uid, env = built[container["image"]]
+        context = spec.get("securityContext", {})
+        assert context.get("fsGroup") == 1000, container["name"]
+        if uid is None:
+            assert not context.get("runAsNonRoot"), container["name"]
+        else:
+            assert (context.get("runAsUser"), context.get("runAsNonRoot")) == (uid, True), container["name"]
+        env = env | {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+        writable += [env["HOME"]] if uid is not None and "HOME" in env else []
+        for key in CACHES & set(env):
+            assert any(posixpath.commonpath([env[key], w]) == w for w in writable), (container["name"], key)
