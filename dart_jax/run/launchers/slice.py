@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 def worker0_argv(t) -> list[str]:
     return ["gcloud", "compute", "tpus", "tpu-vm", "describe", t.name, f"--zone={t.zone}", f"--project={t.project}",
-            "--format=value(networkEndpoints[0].ipAddress)"]
+            "--quiet", "--format=value(networkEndpoints[0].ipAddress)"]
 
 
 def slice_config(cfg, config: Path) -> str:

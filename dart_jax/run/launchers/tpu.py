@@ -50,7 +50,7 @@ STATE_NOTES = {
     "SUSPENDING": "being preempted: wait until SUSPENDED, then `dart-jax tpu submit`",
     "DELETING": "being deleted: `dart-jax tpu submit` once it is gone",
 }
-AUTH_ARGV = ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)")
+AUTH_ARGV = ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)", "--quiet")
 # GA `queued-resources create` takes --spot and --reserved; --best-effort is alpha only.
 PROVISIONING_FLAGS = {"on-demand": (), "spot": ("--spot",), "reserved": ("--reserved",),
                       "best-effort": ("--best-effort",)}
@@ -85,7 +85,8 @@ def run_command(argv: Sequence[str], capture: bool) -> Completed:
 # ---- commands ---------------------------------------------------------------------------
 
 def _where(t: TPUConfig) -> list[str]:
-    return [f"--zone={t.zone}", f"--project={t.project}"]
+    """Where, and --quiet: gcloud never prompts (a first ssh would ask for a key passphrase)."""
+    return [f"--zone={t.zone}", f"--project={t.project}", "--quiet"]
 
 
 def create_argv(t: TPUConfig) -> list[str]:
@@ -106,9 +107,8 @@ def describe_argv(t: TPUConfig, state_only: bool = False) -> list[str]:
 
 
 def delete_argv(t: TPUConfig) -> list[str]:
-    """--force deletes the slice's TPU VMs first; --quiet answers gcloud's confirmation."""
-    return ["gcloud", "compute", "tpus", "queued-resources", "delete", t.queued_resource_id, *_where(t),
-            "--force", "--quiet"]
+    """--force deletes the slice's TPU VMs first (--quiet, from _where, answers the confirmation)."""
+    return ["gcloud", "compute", "tpus", "queued-resources", "delete", t.queued_resource_id, *_where(t), "--force"]
 
 
 def ssh_argv(t: TPUConfig, command: str, worker: str = "all") -> list[str]:

@@ -14,6 +14,7 @@ from dart_jax.config import dump, from_dict, load
 from dart_jax.config.loader import ConfigError
 from dart_jax.config.schema import RunConfig
 from dart_jax.run.launchers import remote, tpu
+from dart_jax.run.launchers import slice as slice_lib
 from dart_jax.run.launchers.config import TPUConfig
 from dart_jax.run.launchers.tpu import Completed, Env, TPUCommandError
 
@@ -105,16 +106,28 @@ def test_options_map_to_flags():
                   service_account="sa@p.iam.gserviceaccount.com", valid_until_duration="6h", workdir="w d")
     assert tpu.create_argv(t) == [
         "gcloud", "compute", "tpus", "queued-resources", "create", "q", "--node-id=n", "--zone=z", "--project=p",
-        "--accelerator-type=v5p-8", "--runtime-version=r", "--reserved", "--network=net", "--subnetwork=sub",
+        "--quiet", "--accelerator-type=v5p-8", "--runtime-version=r", "--reserved", "--network=net", "--subnetwork=sub",
         "--service-account=sa@p.iam.gserviceaccount.com", "--valid-until-duration=6h", "--internal-ips"]
     best = TPUConfig(project="p", zone="z", name="n", provisioning="best-effort")
     assert tpu.create_argv(best)[:6] == ["gcloud", "alpha", "compute", "tpus", "queued-resources", "create"]
     assert "--best-effort" in tpu.create_argv(best) and tpu.create_argv(best)[6] == "n"  # the node's name
-    assert tpu.delete_argv(t)[-2:] == ["--force", "--quiet"]
+    assert tpu.delete_argv(t)[-2:] == ["--quiet", "--force"]
     ssh = tpu.ssh_argv(t, tpu.remote_command(t, remote.LAUNCH, "start"))
     assert ssh[-1] == "--internal-ip"
     # the workdir is quoted inside the remote command: a space cannot split it
     assert shlex.split(ssh[-2].removeprefix("--command=")) == ["bash", "w d/launch.sh", "start"]
+
+
+@pytest.mark.parametrize("config", sorted(SLICES))
+def test_no_gcloud_command_can_prompt(config):
+    """`dart-jax run` drives gcloud with nobody at the terminal: every call says --quiet."""
+    cfg = load(RunConfig, ROOT / "configs/tpu" / config, ["tpu.project=my-project"])
+    argvs = [list(tpu.AUTH_ARGV), slice_lib.worker0_argv(cfg.tpu)] + [
+        argv for action in ("submit", "status", "logs", "stop", "delete")
+        for argv in _argvs(ROOT / "configs/tpu" / config, action)]
+    argvs += [list(s.argv) for s in tpu.submit_steps(cfg.tpu, Path("ship"), "SUSPENDED") if s.kind != "ship"]
+    for argv in argvs:
+        assert argv[0] == "gcloud" and "--quiet" in argv, argv
 
 
 @pytest.mark.parametrize("workdir", ["/abs", "../up", "a/../../b", ""])
