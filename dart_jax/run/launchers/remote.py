@@ -62,19 +62,22 @@ def wheel_argv(out_dir: Path, checkout: Path = CHECKOUT) -> list[str]:
             "--wheel-dir", str(out_dir), str(checkout)]
 
 
+APT = "sudo apt-get -o DPkg::Lock::Timeout=300"  # right after boot, the image's own updates may hold dpkg's lock
+
+
 def _mount(root: SharedRoot) -> str:
     if root.kind == "none":
         return "# no shared root is mounted (tpu.shared_root.kind: none)"
     path, source = shlex.quote(root.path), shlex.quote(root.source)
     if root.kind == "nfs":
-        install = "command -v mount.nfs >/dev/null || { sudo apt-get update -q && sudo apt-get install -yq nfs-common; }"
+        install = f"command -v mount.nfs >/dev/null || {{ {APT} update -q && {APT} install -yq nfs-common; }}"
         mount = f"sudo mount -t nfs -o rw,hard {source} {path}"
     else:  # orbax renames a step's temporary directory when it commits: gcsfuse must allow it
         install = ("command -v gcsfuse >/dev/null || { curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg"
                    " | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null && echo \"deb [signed-by=/usr/share/"
                    "keyrings/cloud.google.asc] https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -cs) main\""
-                   " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && sudo apt-get update -q"
-                   " && sudo apt-get install -yq gcsfuse; }")
+                   f" | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && {APT} update -q"
+                   f" && {APT} install -yq gcsfuse; }}")
         mount = f"sudo gcsfuse -o allow_other --implicit-dirs --rename-dir-limit=100000 --file-mode=666 " \
                 f"--dir-mode=777 {source} {path}"
     return (f"# the shared run root ({root.kind}), the same directory on every host\n{install}\n"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from dart_jax.config.loader import ConfigError
 from dart_jax.config.schema import RunConfig
 from dart_jax.run.launchers import remote, tpu
 from dart_jax.run.launchers import slice as slice_lib
-from dart_jax.run.launchers.config import TPUConfig
+from dart_jax.run.launchers.config import SharedRoot, TPUConfig
 from dart_jax.run.launchers.tpu import Completed, Env, TPUCommandError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -128,6 +129,14 @@ def test_no_gcloud_command_can_prompt(config):
     argvs += [list(s.argv) for s in tpu.submit_steps(cfg.tpu, Path("ship"), "SUSPENDED") if s.kind != "ship"]
     for argv in argvs:
         assert argv[0] == "gcloud" and "--quiet" in argv, argv
+
+
+@pytest.mark.parametrize("kind, source", [("nfs", "10.0.0.2:/runs"), ("gcsfuse", "my-bucket")])
+def test_apt_waits_for_dpkgs_lock_right_after_boot(kind, source):
+    t = TPUConfig(name="n", shared_root=SharedRoot(kind=kind, source=source))
+    text = remote.install_script(t, remote.wheel_name())
+    calls = re.findall(r"apt-get[^;&|}]*", text)
+    assert calls and all(c.startswith("apt-get -o DPkg::Lock::Timeout=300 ") for c in calls), calls
 
 
 @pytest.mark.parametrize("workdir", ["/abs", "../up", "a/../../b", ""])

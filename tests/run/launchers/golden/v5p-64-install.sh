@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 # the shared run root (nfs), the same directory on every host
-command -v mount.nfs >/dev/null || { sudo apt-get update -q && sudo apt-get install -yq nfs-common; }
+command -v mount.nfs >/dev/null || { sudo apt-get -o DPkg::Lock::Timeout=300 update -q && sudo apt-get -o DPkg::Lock::Timeout=300 install -yq nfs-common; }
 mountpoint -q /mnt/runs || { sudo mkdir -p /mnt/runs && sudo mount -t nfs -o rw,hard 10.0.0.2:/runs /mnt/runs; }
 # every host's user writes the share through group 2000
 getent group 2000 >/dev/null || sudo groupadd -g 2000 dart-jax
