@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 from pathlib import PurePosixPath
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -115,7 +116,8 @@ def check_hosts(cfg: RunConfig) -> None:
     """What a run spread over hosts needs, refused when the config loads (one line each):
     a multi-host trainer with distributed off, an endpoint only its own host reaches on a link
     between hosts, weight buckets announced at 0.0.0.0 (no weights.advertise) to rollout workers
-    on other hosts, and a run root that is not the shared one on a multi-host trainer."""
+    on other hosts, a run root that is not the shared one on a multi-host trainer, and a store
+    on the shared root."""
     for key, server, clients in LINKS:
         section, name = key.split(".")
         endpoint = getattr(getattr(cfg, section), name).endpoint
@@ -139,6 +141,12 @@ def check_hosts(cfg: RunConfig) -> None:
         raise ValueError(f"run.root {cfg.run.root!r} is each host's own disk, but orbax writes one checkpoint "
                          f"from all {hosts} hosts: set tpu.shared_root (nfs or gcsfuse) and a run.root under "
                          "its path")
+    store = PurePosixPath(cfg.run.root, cfg.run.name, os.path.expanduser(cfg.data.store.db_path))
+    if "data-manager" in {s.role for s in cfg.run.placement} and cfg.tpu.shared_root.kind != "none" and \
+            shared in store.parents:  # refused, not moved: the run's readers find the store where the config says
+        raise ValueError(f"the data manager's store {store} is on the shared root ({cfg.tpu.shared_root.kind}), "
+                         "where SQLite's WAL has no locks to rely on: set data.store.db_path and blob_dir on the "
+                         "head's own disk")
 
 
 def _nth_endpoint(endpoint: str, i: int) -> str:

@@ -37,6 +37,8 @@ def test_the_tpu_configs_span_their_slices_with_distributed_auto():
      "weights.serve.endpoint ipc:///tmp/w.sock is reached only on its own host, but the trainer and the rollout"),
     (["weights.advertise=''"], "weights.serve.endpoint tcp://0.0.0.0:5561 binds every interface and every "
      "announcement names each trainer host's bucket server as it is bound: set weights.advertise"),
+    (["data.store.db_path=data/store.sqlite"], "the data manager's store /mnt/runs/ui-tars-7b-v5p-64/data/store.sqlite "
+     "is on the shared root (nfs), where SQLite's WAL has no locks to rely on"),
     (["run.root=runs"], "run.root 'runs' is each host's own disk, but orbax writes one checkpoint from all 8 hosts"),
     (["tpu.shared_root.kind=none"], "run.root '/mnt/runs' is each host's own disk"),
     (["run.root=/mnt/other"], "run.root '/mnt/other' is each host's own disk"),
