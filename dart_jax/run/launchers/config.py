@@ -66,6 +66,7 @@ class TPUConfig:
     # (`dart-jax tpu submit`) instead of submitting it; how long its first heartbeat may take
     # (install, the policy's download, compilation) and the longest silence after that
     attach: bool = False
+    keep: bool = False  # when the run ends, keep the queued resource it submitted (default: delete it; it bills)
     startup_timeout_s: float = bounded(2 * 3600.0, gt=0)
     heartbeat_timeout_s: float = bounded(600.0, gt=0)
 

@@ -13,7 +13,8 @@ whose trainer exits non-zero says so sooner: its launch writes the exit code on 
 A dead trainer is then handled as any role: the supervisor starts it again (a submit: the
 slice is reused, or recreated when it was preempted, and the trainer resumes from the shared
 checkpoint) up to the row's `max_restarts`, and stopping the run stops the trainer on every
-host (`launch.sh stop`). Rollout workers reach the weights process 0 serves at worker 0's
+host (`launch.sh stop`); when the run ends, the queued resource it submitted is deleted (it bills
+while it exists) unless `tpu.keep`. Rollout workers reach the weights process 0 serves at worker 0's
 address (`host`). The slice reads the trainer's config with its own policy path (slice_config).
 """
 
@@ -127,4 +128,17 @@ class SliceLauncher:
                 tpu.run_step(step, t, self.env, slice_config(self.cfg, instance.config))
             log.info("trainer submitted to %s (%s)", t.name, t.accelerator_type)
         return SliceProcess(self.cfg, self.env)
+
+    def release(self) -> None:
+        """The run is over: delete the queued resource, unless tpu.keep or attached (a trainer
+        submitted by hand, on the user's slice). A failed delete is logged: the run's own
+        outcome stands, and `dart-jax tpu delete` can try again."""
+        t = self.cfg.tpu
+        if t.attach or t.keep:
+            return
+        try:
+            for step in tpu.steps_for("delete", t, tpu.ship_dir(self.cfg)):
+                tpu.run_step(step, t, self.env)
+        except tpu.TPUCommandError as e:
+            log.error("the queued resource %s may still exist (`dart-jax tpu delete`): %s", t.queued_resource_id, e)
 

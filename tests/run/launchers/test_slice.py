@@ -198,3 +198,27 @@ def test_a_refused_config_is_never_restarted_and_an_old_exit_code_is_not_this_la
         with pytest.raises(RunFailed, match="refused its config"):
             sup.wait_done("trainer", period_s=0.1)
         assert sup.restarts() == {"trainer": 0}
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_runs_end_deletes_the_queued_resource_it_submitted_unless_kept(tmp_path, data_manager, monkeypatch, keep):
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path, data_manager, startup_timeout_s=0.3, keep=keep)
+    fake = Slice()
+    with pytest.raises(RunFailed):  # a run that fails ends too
+        with Supervisor(cfg, RunDir.create(tmp_path / "slice"),
+                        launchers={"tpu": slice_lib.SliceLauncher(cfg, fake.env())}) as sup:
+            sup.start({"trainer"})
+            sup.wait_done("trainer", period_s=0.1)
+    ran = [argv for argv, _ in fake.calls]
+    assert (tpu.delete_argv(cfg.tpu) in ran) is not keep
+    assert ran[-1] == tpu.delete_argv(cfg.tpu) or keep  # after the trainer was stopped on every host
+
+
+def test_a_failed_delete_at_the_runs_end_is_logged_not_raised(tmp_path, data_manager, caplog):
+    cfg = _cfg(tmp_path, data_manager)
+    slice_lib.SliceLauncher(cfg, Slice(fail="queued-resources delete").env()).release()
+    assert "may still exist" in caplog.text
+    attached = Slice()
+    slice_lib.SliceLauncher(_cfg(tmp_path, data_manager, attach=True), attached.env()).release()
+    assert attached.calls == []  # a slice submitted by hand is the user's to delete
