@@ -26,12 +26,19 @@ import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import yaml
+
 from dart_jax.config import UsageError
 from dart_jax.run.launchers.config import SharedRoot, TPUConfig
 
 CONFIG, LOG, PID = "run.yaml", "train.log", "train.pid"
 EXITS = ".dart-jax-exit"  # under the shared root: <tpu name>/<host>, each host's trainer exit code
 LOCK = "lock.txt"
+KEYS = "keys"  # the CURVE key files the trainer uses, beside its config on every worker
+# link -> the CURVE key files the trainer reads on it: a client of the data manager, the weights' server
+TRAINER_KEYS = {("data", "wire"): ("server_public_key", "client_secret_key"),
+                ("weights", "announce"): ("server_secret_key", "authorized_clients_dir"),
+                ("weights", "serve"): ("server_secret_key", "authorized_clients_dir")}
 INSTALL, LAUNCH = "install.sh", "launch.sh"
 CHECKOUT = Path(__file__).resolve().parents[3]
 LOCK_SOURCE = Path("requirements/lock-tpu.txt")  # the TPU hosts' lock (scripts/compile_locks.sh), as constraints
@@ -45,7 +52,7 @@ class Ship:
 
     @property
     def files(self) -> list[Path]:
-        return [self.directory / n for n in (self.wheel, LOCK, INSTALL, LAUNCH, CONFIG)]
+        return [self.directory / n for n in (self.wheel, LOCK, INSTALL, LAUNCH, CONFIG, KEYS)]
 
 
 def wheel_name(checkout: Path = CHECKOUT) -> str:
@@ -165,6 +172,24 @@ esac
 """
 
 
+def ship_keys(config_yaml: str, keys: Path) -> str:
+    """Copy the CURVE key files the trainer reads (TRAINER_KEYS) into `keys` and point the
+    config at the copies, relative to the workdir the launch runs in; no other key travels.
+    A config without CURVE comes back as it is."""
+    shutil.rmtree(keys, ignore_errors=True)
+    keys.mkdir(parents=True)
+    data, copied = yaml.safe_load(config_yaml), False
+    for (section, link), fields in TRAINER_KEYS.items():
+        curve = ((data.get(section) or {}).get(link) or {}).get("curve") or {}
+        for field in (f for f in fields if curve.get(f)):
+            source, name = Path(curve[field]), f"{section}.{link}.{field}"
+            if not source.exists():
+                raise UsageError(f"{section}.{link}.curve.{field}: no key at {source} to ship to the slice")
+            (shutil.copytree if source.is_dir() else shutil.copy)(source, keys / name)
+            curve[field], copied = f"{KEYS}/{name}", True
+    return yaml.safe_dump(data, sort_keys=False) if copied else config_yaml
+
+
 def ship(t: TPUConfig, directory: Path, config_yaml: str,
          run: Callable[[Sequence[str]], int], checkout: Path = CHECKOUT) -> Ship:
     """Write the run config, the scripts and the lock into `directory` and build the wheel there."""
@@ -175,7 +200,7 @@ def ship(t: TPUConfig, directory: Path, config_yaml: str,
         raise UsageError(f"building the wheel of {checkout} failed (exit {code}): "
                          f"`{shlex.join(wheel_argv(directory, checkout))}`")
     shutil.copyfile(checkout / LOCK_SOURCE, directory / LOCK)
-    (directory / CONFIG).write_text(config_yaml)
+    (directory / CONFIG).write_text(ship_keys(config_yaml, directory / KEYS))
     (directory / INSTALL).write_text(install_script(t, out.wheel))
     (directory / LAUNCH).write_text(launch_script(t))
     return out

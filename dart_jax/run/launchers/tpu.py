@@ -119,7 +119,7 @@ def ssh_argv(t: TPUConfig, command: str, worker: str = "all") -> list[str]:
 
 def scp_argv(t: TPUConfig, local: Sequence[Path], dest: str) -> list[str]:
     argv = ["gcloud", "compute", "tpus", "tpu-vm", "scp", *map(str, local), f"{t.name}:{dest}", *_where(t),
-            "--worker=all"]
+            "--worker=all", "--recurse"]  # the keys directory
     return argv + (["--internal-ip"] if t.internal_ips else [])
 
 
@@ -146,7 +146,7 @@ def submit_steps(t: TPUConfig, ship_dir: Path, state: str | None = None) -> list
     SUSPENDED (a preempted spot slice) or FAILED is deleted and created again; one that exists
     otherwise is reused, and the job is installed and launched on it again (it resumes)."""
     wheel = remote.wheel_name()
-    files = [ship_dir / n for n in (wheel, remote.LOCK, remote.INSTALL, remote.LAUNCH, remote.CONFIG)]
+    files = [ship_dir / n for n in (wheel, remote.LOCK, remote.INSTALL, remote.LAUNCH, remote.CONFIG, remote.KEYS)]
     steps = [Step(f"build the wheel of this checkout into {ship_dir}, beside the lock, the run config and "
                   "the install and launch scripts", tuple(remote.wheel_argv(ship_dir)), "ship")]
     if state in REPLACED_STATES:
@@ -158,7 +158,7 @@ def submit_steps(t: TPUConfig, ship_dir: Path, state: str | None = None) -> list
         Step(f"every {t.poll_s:g} s until ACTIVE (at most {t.active_timeout_s:g} s)",
              tuple(describe_argv(t, state_only=True)), "poll"),
         Step("make the work directory on every worker", tuple(ssh_argv(t, shlex.join(["mkdir", "-p", t.workdir])))),
-        Step("copy the wheel, the lock, the scripts and the run config to every worker",
+        Step("copy the wheel, the lock, the scripts, the run config and its CURVE keys to every worker",
              tuple(scp_argv(t, files, f"{t.workdir}/"))),
         Step(f"install on every worker (uv, Python {t.python}, the wheel with [{t.extras}]"
              f"{', the shared root' if t.shared_root.kind != 'none' else ''})",

@@ -1,5 +1,6 @@
-"""The shared run root as a fresh Filestore share gives it (root's, 0755) and as the slice's
-hosts use it: each host's user with a uid of its own. As root, this test makes such a
+"""What submit ships to every worker besides the wheel: the CURVE keys the trainer uses and
+no other. The shared run root as a fresh Filestore share gives it (root's, 0755) and as the
+slice's hosts use it, each host's user with a uid of its own: as root, a test makes such a
 directory, runs the install's share part for two users made here (`useradd`) and writes as
 each (`runuser`) what a run writes there: the head's run directory, a host's checkpoint step
 in it, another host's metrics and exit code."""
@@ -16,12 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from dart_jax.config import dump, load
+from dart_jax.config.schema import RunConfig
 from dart_jax.run.launchers import remote
 from dart_jax.run.launchers.config import SharedRoot
 from dart_jax.rundir import RunDir
+from dart_jax.wire import curve as curve_lib
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"),
-                                reason="makes users and runs as them: needs root, useradd and runuser")
+ROOT = Path(__file__).resolve().parents[3]
+
+as_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"),
+                             reason="makes users and runs as them: needs root, useradd and runuser")
 
 
 def _free_gid() -> int:
@@ -73,6 +79,7 @@ def _share_access(share: Path, gid: int, user: str, bin_dir: Path) -> None:
                    env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "USER": user})
 
 
+@as_root
 def test_every_hosts_user_writes_a_fresh_share(hosts, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -103,3 +110,38 @@ def test_every_hosts_user_writes_a_fresh_share(hosts, tmp_path):
         name = grp.getgrgid(gid).gr_name if gid in {g.gr_gid for g in grp.getgrall()} else None
         if name:
             subprocess.run(["groupdel", name], check=False)
+
+
+def _curve(keys: Path, server: str) -> str:
+    return (f"{{server_public_key: {keys}/{server}.key, server_secret_key: {keys}/{server}.key_secret, "
+            f"client_secret_key: {keys}/client.key_secret, authorized_clients_dir: {keys}/clients}}")
+
+
+def test_submit_ships_the_curve_keys_the_trainer_uses_and_no_other(tmp_path, monkeypatch):
+    keys = tmp_path / "head-keys"
+    for name in ("data-manager", "env-server", "trainer", "client"):
+        curve_lib.generate(keys, name)
+    (keys / "clients").mkdir()
+    shutil.copy(keys / "client.key", keys / "clients")
+    cfg = load(RunConfig, ROOT / "configs/tpu/v5p-64.yaml", [
+        f"data.wire.curve={_curve(keys, 'data-manager')}", "envs.wire={endpoint: 'tcp://127.0.0.1:5555', "
+        f"curve: {_curve(keys, 'env-server')}}}",
+        f"weights.announce.curve={_curve(keys, 'trainer')}", f"weights.serve.curve={_curve(keys, 'trainer')}"])
+    ship = tmp_path / "ship"
+    shipped = remote.ship(cfg.tpu, ship, dump(cfg), lambda argv: (ship / remote.wheel_name()).write_bytes(b"") and 0)
+    assert ship / remote.KEYS in shipped.files  # scp --recurse takes it to every worker
+    assert sorted(p.name for p in (ship / remote.KEYS).iterdir()) == [
+        "data.wire.client_secret_key", "data.wire.server_public_key", "weights.announce.authorized_clients_dir",
+        "weights.announce.server_secret_key", "weights.serve.authorized_clients_dir", "weights.serve.server_secret_key"]
+    monkeypatch.chdir(ship)  # the launch runs in the workdir: the config's key paths are the shipped copies
+    on_slice = load(RunConfig, ship / remote.CONFIG)
+    for (section, link), fields in remote.TRAINER_KEYS.items():
+        curve = getattr(getattr(on_slice, section), link).curve
+        assert [getattr(curve, f) for f in fields] == [f"{remote.KEYS}/{section}.{link}.{f}" for f in fields]
+    assert (Path(on_slice.data.wire.curve.client_secret_key).read_bytes()
+            == (keys / "client.key_secret").read_bytes())
+    assert Path(on_slice.weights.serve.curve.authorized_clients_dir, "client.key").is_file()
+
+    no_curve = load(RunConfig, ROOT / "configs/tpu/v5p-64.yaml")
+    remote.ship(no_curve.tpu, ship, dump(no_curve), lambda argv: (ship / remote.wheel_name()).write_bytes(b"") and 0)
+    assert (ship / remote.CONFIG).read_text() == dump(no_curve) and not any((ship / remote.KEYS).iterdir())

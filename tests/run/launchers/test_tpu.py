@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 #     (alpha only: [--best-effort])
 #   queued-resources describe QR --zone;  queued-resources delete QR --zone [--async] [--force]
 #   tpu-vm ssh TPU [--internal-ip] [--worker=WORKER; default="0"] [--zone] [--command=COMMAND]
-#   tpu-vm scp SRC... DEST [--internal-ip] [--worker] [--zone]
+#   tpu-vm scp SRC... DEST [--internal-ip] [--recurse] [--worker] [--zone]
 WIDE = {"--project", "--format", "--quiet"}
 DOCUMENTED = {
     "queued-resources create": {"--zone", "--runtime-version", "--accelerator-type", "--node-id", "--internal-ips",
@@ -37,7 +37,7 @@ DOCUMENTED = {
     "queued-resources describe": {"--zone"},
     "queued-resources delete": {"--zone", "--async", "--force"},
     "tpu-vm ssh": {"--internal-ip", "--worker", "--zone", "--command"},
-    "tpu-vm scp": {"--internal-ip", "--worker", "--zone"},
+    "tpu-vm scp": {"--internal-ip", "--worker", "--zone", "--recurse"},
 }
 
 GOLDEN = Path(__file__).parent / "golden"
