@@ -123,9 +123,9 @@ class SliceLauncher:
             if t.shared_root.kind != "none":  # exit codes of an earlier launch are not this one's
                 for old in Path(remote.exit_dir(t)).glob("*"):
                     old.unlink()
-            state = tpu.describe_state(t, self.env)
+            state, config_yaml = tpu.describe_state(t, self.env), slice_config(self.cfg, instance.config)
             for step in tpu.submit_steps(t, tpu.ship_dir(self.cfg), state)[:-1]:  # all but following the log
-                tpu.run_step(step, t, self.env, slice_config(self.cfg, instance.config))
+                tpu.run_step(step, t, self.env, config_yaml)
             log.info("trainer submitted to %s (%s)", t.name, t.accelerator_type)
         return SliceProcess(self.cfg, self.env)
 
