@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,8 @@ class RunDir:
     def create(cls, root: str | Path, config_yaml: str | None = None) -> "RunDir":
         """Make the layout (idempotent); write the resolved config when given."""
         run = cls(Path(root))
-        for sub in _SUBDIRS:
-            (run.root / sub).mkdir(parents=True, exist_ok=True)
+        for path in (run.root, *(run.root / sub for sub in _SUBDIRS)):
+            _mkdir_shared(path)
         if config_yaml is not None:
             run.config_path.write_text(config_yaml)
         return run
@@ -66,6 +68,15 @@ class RunDir:
 
     def metrics_path(self, role: str) -> Path:
         return self.root / "metrics" / f"{role}.jsonl"
+
+
+def _mkdir_shared(path: Path) -> None:
+    """A run directory other users of the run's group write too (a slice's hosts each have a uid
+    of their own on the shared root): group-writable whatever the umask, made so by its owner."""
+    path.mkdir(parents=True, exist_ok=True)
+    got = path.stat()
+    if got.st_uid == os.geteuid() and not got.st_mode & stat.S_IWGRP:
+        path.chmod(got.st_mode | stat.S_IWGRP)
 
 
 class MetricsWriter:

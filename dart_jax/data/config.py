@@ -3,12 +3,13 @@
     cfg = load(DataManagerConfig, "configs/local.yaml")   # or a section of the run config
     dart_jax.data.service.run(cfg, Path("runs/local"))
 
-Paths are relative to the run directory unless absolute.
+Paths are relative to the run directory unless absolute (`~` is the user's home).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Literal
 
 from dart_jax.config import bounded
@@ -28,6 +29,9 @@ class StoreConfig:
     durability: Literal["process", "power"] = "process"
     group_commit_max: int = bounded(256, ge=1)  # trajectories per transaction, at most
     handler_threads: int = bounded(8, ge=1)  # request handlers (ingest hashes and appends screenshots here)
+
+    def db_file(self, run_dir: str | Path) -> Path:
+        return Path(run_dir) / Path(self.db_path).expanduser()
 
 
 @dataclasses.dataclass(frozen=True)

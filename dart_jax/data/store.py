@@ -53,7 +53,7 @@ class Store:
 
     @classmethod
     def open(cls, cfg: StoreConfig, run_dir: Path) -> "Store":
-        return cls(Path(run_dir) / cfg.db_path, Path(run_dir) / cfg.blob_dir, cfg.durability)
+        return cls(cfg.db_file(run_dir), Path(run_dir) / Path(cfg.blob_dir).expanduser(), cfg.durability)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False, timeout=30)

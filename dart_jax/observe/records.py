@@ -265,7 +265,7 @@ class RunReader:
 
     def __init__(self, run_dir: Path, db_path: str = StoreConfig.db_path):
         self.run = RunDir(Path(run_dir))
-        self.store = StoreReader(self.run.root / db_path)
+        self.store = StoreReader(self.run.root / Path(db_path).expanduser())
         self.trainer_log = JsonlTail(self.run.metrics_path("trainer"))
         self.worker_logs: dict[str, JsonlTail] = {}
         self.records = RunRecords()

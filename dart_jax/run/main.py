@@ -49,6 +49,9 @@ def prepare(cfg: RunConfig) -> tuple[RunDir, Path]:
         raise ConfigError("run config", "run.name", f"run directory {root} exists; choose another run.name")
     if not cfg.data.tasks.task_file:
         raise ConfigError("run config", "data.tasks.task_file", "must name the task list the run writes")
+    if (store := cfg.data.store.db_file(root)).exists():  # a store off the run directory (the head's disk)
+        raise ConfigError("run config", "data.store.db_path", f"{store} holds another run's store; choose a path "
+                          "for this run")
     run = RunDir.create(root, config_yaml=dump(cfg))
     write_task_file(run.root / cfg.data.tasks.task_file, suite_tasks(cfg.tasks))
     return run, initial_policy(cfg, run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 from pathlib import PurePosixPath
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -94,6 +95,12 @@ def _where(cfg: RunConfig, role: str) -> str:
     return "here" if all(s.launcher == "local" for _, s in rows) else f"{rows[0][1].launcher}:{rows[0][0]}"
 
 
+def _apart(cfg: RunConfig, a: str, b: str) -> bool:
+    """Whether roles `a` and `b` are both placed and on different hosts."""
+    present = {s.role for s in cfg.run.placement}
+    return a in present and b in present and _where(cfg, a) != _where(cfg, b)
+
+
 def _is_local(endpoint: str) -> bool:
     """Reachable only from this host: ipc, inproc, loopback addresses and localhost (0.0.0.0,
     every interface, is reached at the host's address, which the launcher tells clients)."""
@@ -109,16 +116,22 @@ def _is_local(endpoint: str) -> bool:
 def check_hosts(cfg: RunConfig) -> None:
     """What a run spread over hosts needs, refused when the config loads (one line each):
     a multi-host trainer with distributed off, an endpoint only its own host reaches on a link
-    between hosts, and a run root that is not the shared one on a multi-host trainer."""
-    present = {s.role for s in cfg.run.placement}
+    between hosts, weight buckets announced at 0.0.0.0 (no weights.advertise) to rollout workers
+    on other hosts, a run root that is not the shared one on a multi-host trainer, and a store
+    on the shared root."""
     for key, server, clients in LINKS:
         section, name = key.split(".")
         endpoint = getattr(getattr(cfg, section), name).endpoint
-        remote = [c for c in clients if c in present and server in present and _where(cfg, c) != _where(cfg, server)]
+        remote = [c for c in clients if _apart(cfg, server, c)]
         if remote and _is_local(endpoint):
             raise ValueError(f"{key}.endpoint {endpoint} is reached only on its own host, but the {server} and "
                              f"the {remote[0]} run on different hosts (run.placement): give the address they "
                              "reach it at (tcp://HOST:PORT, or tcp://0.0.0.0:PORT on a launcher that tells it)")
+    if _apart(cfg, "trainer", "rollout") and cfg.weights.serve.endpoint.startswith("tcp://0.0.0.0:") and \
+            not cfg.weights.advertise:
+        raise ValueError(f"weights.serve.endpoint {cfg.weights.serve.endpoint} binds every interface and every "
+                         "announcement names each trainer host's bucket server as it is bound: set weights.advertise "
+                         "(tcp://{host}:{port}) for the rollout workers on other hosts")
     hosts = cfg.trainer_hosts()
     if hosts > 1 and cfg.trainer.distributed.mode == "off":
         raise ValueError(f"the trainer spans the {hosts} hosts of {cfg.tpu.accelerator_type}: "
@@ -129,6 +142,12 @@ def check_hosts(cfg: RunConfig) -> None:
         raise ValueError(f"run.root {cfg.run.root!r} is each host's own disk, but orbax writes one checkpoint "
                          f"from all {hosts} hosts: set tpu.shared_root (nfs or gcsfuse) and a run.root under "
                          "its path")
+    store = PurePosixPath(cfg.run.root, cfg.run.name, os.path.expanduser(cfg.data.store.db_path))
+    if "data-manager" in {s.role for s in cfg.run.placement} and cfg.tpu.shared_root.kind != "none" and \
+            shared in store.parents:  # refused, not moved: the run's readers find the store where the config says
+        raise ValueError(f"the data manager's store {store} is on the shared root ({cfg.tpu.shared_root.kind}), "
+                         "where SQLite's WAL has no locks to rely on: set data.store.db_path and blob_dir on the "
+                         "head's own disk")
 
 
 def _nth_endpoint(endpoint: str, i: int) -> str:

@@ -248,10 +248,12 @@ class DataManagerSource:
 def broadcast_batch(batch: CuratedBatch | None) -> CuratedBatch | None:
     """Process 0's batch on every process (the others pass None): its bytes, their length
     first, through JAX's own cross-process broadcast. None everywhere when process 0 has
-    none (it waited too long): length 0."""
+    none (it waited too long): length 0. The bytes travel padded to the next power of two:
+    the broadcast compiles once per shape, so a few sizes, not one for each batch."""
     data = np.frombuffer(to_bytes(batch), np.uint8) if batch is not None else np.zeros(0, np.uint8)
     size = int(multihost_utils.broadcast_one_to_all(np.int64(len(data))))
     if size == 0:
         return None
-    data = data if batch is not None else np.zeros(size, np.uint8)
-    return from_bytes(np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes(), CuratedBatch)
+    padded = np.zeros(1 << (size - 1).bit_length(), np.uint8)
+    padded[:len(data)] = data
+    return from_bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))[:size].tobytes(), CuratedBatch)

@@ -23,6 +23,8 @@ def test_the_tpu_configs_span_their_slices_with_distributed_auto():
         cfg = load(RunConfig, path)
         assert cfg.trainer_hosts() > 1 and cfg.trainer.distributed.mode == "auto", path.name
         assert cfg.trainer.batch_wait_s is not None  # a trainer on a slice never waits forever
+        announced = cfg.weights.advertise.format(host="t1v-n-0-w-3", port=5564, process=3)
+        assert announced == "tcp://t1v-n-0-w-3:5564", path.name  # each host at its own name
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -33,6 +35,10 @@ def test_the_tpu_configs_span_their_slices_with_distributed_auto():
      "trainer run on different hosts"),
     (["weights.serve.endpoint=ipc:///tmp/w.sock"],
      "weights.serve.endpoint ipc:///tmp/w.sock is reached only on its own host, but the trainer and the rollout"),
+    (["weights.advertise=''"], "weights.serve.endpoint tcp://0.0.0.0:5561 binds every interface and every "
+     "announcement names each trainer host's bucket server as it is bound: set weights.advertise"),
+    (["data.store.db_path=data/store.sqlite"], "the data manager's store /mnt/runs/ui-tars-7b-v5p-64/data/store.sqlite "
+     "is on the shared root (nfs), where SQLite's WAL has no locks to rely on"),
     (["run.root=runs"], "run.root 'runs' is each host's own disk, but orbax writes one checkpoint from all 8 hosts"),
     (["tpu.shared_root.kind=none"], "run.root '/mnt/runs' is each host's own disk"),
     (["run.root=/mnt/other"], "run.root '/mnt/other' is each host's own disk"),
@@ -51,10 +57,14 @@ def test_roles_on_ray_cannot_reach_a_loopback_server_elsewhere():
     with pytest.raises(ConfigError, match="data.wire.endpoint tcp://127.0.0.1:5557 is reached only on its own host"):
         load(RunConfig, rl, [ray])
     # bound on every interface, the launcher tells the rollout workers where: allowed
-    load(RunConfig, rl, [ray, "data.wire={endpoint: 'tcp://0.0.0.0:5557', allow_remote: true}",
-                         "envs.wire={endpoint: 'tcp://0.0.0.0:5555', allow_remote: true}",
-                         "weights.announce={endpoint: 'tcp://0.0.0.0:5560', allow_remote: true}",
-                         "weights.serve={endpoint: 'tcp://0.0.0.0:5561', allow_remote: true}"])
+    every_interface = [ray, "data.wire={endpoint: 'tcp://0.0.0.0:5557', allow_remote: true}",
+                       "envs.wire={endpoint: 'tcp://0.0.0.0:5555', allow_remote: true}",
+                       "weights.announce={endpoint: 'tcp://0.0.0.0:5560', allow_remote: true}",
+                       "weights.serve={endpoint: 'tcp://0.0.0.0:5561', allow_remote: true}"]
+    load(RunConfig, rl, [*every_interface, "weights.advertise='tcp://{host}:{port}'"])
+    # but the trainer's announcements name its bucket servers as bound: 0.0.0.0 reaches nothing
+    with pytest.raises(ConfigError, match="binds every interface .* set weights.advertise"):
+        load(RunConfig, rl, every_interface)
     assert load(RunConfig, rl).trainer_hosts() == 1  # every role on this machine: loopback is fine
 
 

@@ -4,6 +4,7 @@ ports, Services, liveness probes and CURVE key files agree with that config."""
 
 import argparse
 import posixpath
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -198,3 +199,52 @@ def test_each_pod_gets_only_the_secret_keys_it_uses():
         need |= {wire(cfg, k).curve.client_secret_key for k, (_, clients) in LINKS.items()
                  if role in clients or probed(c) == k}
         assert {f for f in files(spec, c) if f.endswith(".key_secret")} == need, role
+
+
+def test_the_jobsets_host_names_get_a_headless_service_of_their_own():
+    """The JobSet controller names its pods' subdomain `spec.network.subdomain` (default: the
+    JobSet's name) and makes that headless Service only when no Service has the name: one of
+    ours with it would leave the hosts' names (the coordinator's, weights.advertise's) unresolved."""
+    services = {d["metadata"]["name"] for d in documents() if d["kind"] == "Service"}
+    jobsets = [d for d in documents() if d["kind"] == "JobSet"]
+    assert jobsets
+    for d in jobsets:
+        network = d["spec"].get("network", {})
+        assert network.get("enableDNSHostnames", True)
+        assert network.get("subdomain", d["metadata"]["name"]) not in services
+
+
+CACHES = {"XDG_CACHE_HOME", "HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+          "JAX_COMPILATION_CACHE_DIR"}
+
+
+def images() -> dict[str, tuple[int | None, dict[str, str]]]:
+    """Each image deploy/docker builds (the `-t NAME` of its header): the uid of its user (None:
+    root) and its environment."""
+    out = {}
+    for dockerfile in (K8S.parent / "docker").glob("*.Dockerfile"):
+        text = dockerfile.read_text().replace("\\\n", " ")
+        user = re.search(r"useradd .*--uid (\d+)", text) if re.search(r"^USER dart$", text, re.M) else None
+        env = dict(kv.split("=", 1) for line in re.findall(r"^ENV (.*)$", text, re.M) for kv in line.split())
+        out[re.search(r"-t (\S+) ", text).group(1)] = (int(user.group(1)) if user else None, env)
+    return out
+
+
+def test_each_pod_runs_as_its_images_user_with_its_volumes_and_caches_writable():
+    """A fresh volume is root's: fsGroup gives it to the group 1000 (the images' `dart`); a pod of
+    an image with a user runs as it, never as root; every cache lies on a writable volume or in
+    the user's home (the TPU image runs as root: libtpu opens the devices)."""
+    built = images()
+    for _, spec, container in containers():
+        uid, env = built[container["image"]]
+        context = spec.get("securityContext", {})
+        assert context.get("fsGroup") == 1000, container["name"]
+        if uid is None:
+            assert not context.get("runAsNonRoot"), container["name"]
+        else:
+            assert (context.get("runAsUser"), context.get("runAsNonRoot")) == (uid, True), container["name"]
+        env = env | {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+        writable += [env["HOME"]] if uid is not None and "HOME" in env else []
+        for key in CACHES & set(env):
+            assert any(posixpath.commonpath([env[key], w]) == w for w in writable), (container["name"], key)

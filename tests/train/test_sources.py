@@ -15,7 +15,7 @@ from dart_jax.config import from_dict
 from dart_jax.data import service
 from dart_jax.data.config import DataManagerConfig
 from dart_jax.data.tasks import write_task_file
-from dart_jax.testing.trajectories import task_specs, trajectory
+from dart_jax.testing.trajectories import task_specs, text_trajectory, trajectory
 from dart_jax.models.sharding import make_mesh
 from dart_jax.train.collate import Collator, rl_microbatches
 from dart_jax.train.batch import StepRef
@@ -252,3 +252,24 @@ def test_short_steps_share_a_row_where_that_pads_less_than_a_row_each(tiny_dir):
     assert _plan(tiny_dir, [1000, 1000, 100, 20]) == [[[20], [100]], [[1000], [1000]]]
     # ... unless every short step finds room: then the 128-token microbatch disappears
     assert _plan(tiny_dir, [1000, 1000, 20, 20]) == [[[1000, 20], [1000, 20]]]
+
+
+def test_a_broadcast_batch_travels_in_power_of_two_sizes(monkeypatch):
+    """Process 0 broadcasts its batch's bytes; another process, passing None, gets the same batch.
+    The bytes travel padded to powers of two: batches of many lengths compile a few broadcasts."""
+    from dart_jax.train import sources
+    from dart_jax.wire.messages import CuratedBatch
+
+    sent: list[np.ndarray] = []
+    monkeypatch.setattr(sources.multihost_utils, "broadcast_one_to_all", lambda x: sent.append(np.asarray(x)) or x)
+    rng = np.random.default_rng(0)
+    batches = [CuratedBatch(batch_id=b, trainer_version=0, screens=[[] for _ in range(n)],
+                            trajectories=[text_trajectory(rng, f"{b}-{i}", "t", 1.0) for i in range(n)])
+               for b, n in enumerate((3, 4, 5, 6, 7, 8, 9, 10))]
+    for batch in batches:
+        assert sources.to_bytes(sources.broadcast_batch(batch)) == sources.to_bytes(batch)
+    sizes = [x.shape for x in sent if x.ndim == 1]
+    assert len(set(sizes)) < len(batches) // 2 and all(n & (n - 1) == 0 for (n,) in sizes), sizes
+    received = iter(sent)  # another process: what process 0 sent arrives
+    monkeypatch.setattr(sources.multihost_utils, "broadcast_one_to_all", lambda x: next(received))
+    assert [sources.to_bytes(sources.broadcast_batch(None)) for _ in batches] == list(map(sources.to_bytes, batches))

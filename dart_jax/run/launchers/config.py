@@ -57,10 +57,13 @@ class SharedRoot:
     """The directory every host of the slice sees, mounted by the install step on every worker
     (and by you, at the same path, on the machine running `dart-jax run`). `nfs`: a Filestore
     (or any NFS) export `HOST:/share`; `gcsfuse`: a Cloud Storage bucket through Cloud Storage
-    FUSE. A multi-host trainer's `run.root` must lie under `path`."""
+    FUSE. A multi-host trainer's `run.root` must lie under `path`. A fresh NFS share is root's
+    (0755) and each host's user has a uid of its own: every host's user joins the group `gid`
+    (the same number everywhere; the head's user too), which the share is made writable to."""
     kind: Literal["none", "nfs", "gcsfuse"] = "none"
     source: str = ""  # 10.0.0.2:/runs (nfs) or my-bucket (gcsfuse)
     path: str = "/mnt/runs"
+    gid: int = bounded(2000, ge=1)
 
     def __post_init__(self) -> None:
         if self.kind != "none" and not MOUNT_SOURCE.fullmatch(self.source):
@@ -100,6 +103,7 @@ class TPUConfig:
     # (`dart-jax tpu submit`) instead of submitting it; how long its first heartbeat may take
     # (install, the policy's download, compilation) and the longest silence after that
     attach: bool = False
+    keep: bool = False  # when the run ends, keep the queued resource it submitted (default: delete it; it bills)
     startup_timeout_s: float = bounded(2 * 3600.0, gt=0)
     heartbeat_timeout_s: float = bounded(600.0, gt=0)
 

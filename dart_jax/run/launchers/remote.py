@@ -26,11 +26,19 @@ import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import yaml
+
 from dart_jax.config import UsageError
 from dart_jax.run.launchers.config import SharedRoot, TPUConfig
 
 CONFIG, LOG, PID = "run.yaml", "train.log", "train.pid"
+EXITS = ".dart-jax-exit"  # under the shared root: <tpu name>/<host>, each host's trainer exit code
 LOCK = "lock.txt"
+KEYS = "keys"  # the CURVE key files the trainer uses, beside its config on every worker
+# link -> the CURVE key files the trainer reads on it: a client of the data manager, the weights' server
+TRAINER_KEYS = {("data", "wire"): ("server_public_key", "client_secret_key"),
+                ("weights", "announce"): ("server_secret_key", "authorized_clients_dir"),
+                ("weights", "serve"): ("server_secret_key", "authorized_clients_dir")}
 INSTALL, LAUNCH = "install.sh", "launch.sh"
 CHECKOUT = Path(__file__).resolve().parents[3]
 LOCK_SOURCE = Path("requirements/lock-tpu.txt")  # the TPU hosts' lock (scripts/compile_locks.sh), as constraints
@@ -44,7 +52,7 @@ class Ship:
 
     @property
     def files(self) -> list[Path]:
-        return [self.directory / n for n in (self.wheel, LOCK, INSTALL, LAUNCH, CONFIG)]
+        return [self.directory / n for n in (self.wheel, LOCK, INSTALL, LAUNCH, CONFIG, KEYS)]
 
 
 def wheel_name(checkout: Path = CHECKOUT) -> str:
@@ -61,23 +69,42 @@ def wheel_argv(out_dir: Path, checkout: Path = CHECKOUT) -> list[str]:
             "--wheel-dir", str(out_dir), str(checkout)]
 
 
+APT = "sudo apt-get -o DPkg::Lock::Timeout=300"  # right after boot, the image's own updates may hold dpkg's lock
+
+
 def _mount(root: SharedRoot) -> str:
     if root.kind == "none":
         return "# no shared root is mounted (tpu.shared_root.kind: none)"
     path, source = shlex.quote(root.path), shlex.quote(root.source)
     if root.kind == "nfs":
-        install = "command -v mount.nfs >/dev/null || { sudo apt-get update -q && sudo apt-get install -yq nfs-common; }"
+        install = f"command -v mount.nfs >/dev/null || {{ {APT} update -q && {APT} install -yq nfs-common; }}"
         mount = f"sudo mount -t nfs -o rw,hard {source} {path}"
     else:  # orbax renames a step's temporary directory when it commits: gcsfuse must allow it
         install = ("command -v gcsfuse >/dev/null || { curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg"
                    " | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null && echo \"deb [signed-by=/usr/share/"
                    "keyrings/cloud.google.asc] https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -cs) main\""
-                   " | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && sudo apt-get update -q"
-                   " && sudo apt-get install -yq gcsfuse; }")
+                   f" | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null && {APT} update -q"
+                   f" && {APT} install -yq gcsfuse; }}")
         mount = f"sudo gcsfuse -o allow_other --implicit-dirs --rename-dir-limit=100000 --file-mode=666 " \
                 f"--dir-mode=777 {source} {path}"
     return (f"# the shared run root ({root.kind}), the same directory on every host\n{install}\n"
-            f"mountpoint -q {path} || {{ sudo mkdir -p {path} && {mount}; }}")
+            f"mountpoint -q {path} || {{ sudo mkdir -p {path} && {mount}; }}\n{share_access(root)}")
+
+
+def share_access(root: SharedRoot) -> str:
+    """A fresh NFS share is root's, 0755, and each host's user has a uid of its own: every host's
+    user joins one group of a fixed id (the head's user too) and the share is that group's,
+    setgid (what is made under it keeps the group) and group-writable (the launch's umask 002
+    keeps what the trainer makes so). A group rather than a world-writable sticky directory:
+    the sticky bit would stop one host's user renaming or removing another's files (orbax
+    commits a step by renaming, the head clears exit codes). gcsfuse mounts it all 777."""
+    if root.kind != "nfs":
+        return "# gcsfuse: every file and directory is writable by all (--file-mode, --dir-mode)"
+    path, gid = shlex.quote(root.path), root.gid
+    return (f"# every host's user writes the share through group {gid}\n"
+            f"getent group {gid} >/dev/null || sudo groupadd -g {gid} dart-jax\n"
+            f"sudo usermod -aG \"$(getent group {gid} | cut -d: -f1)\" \"${{USER:-$(id -un)}}\"\n"
+            f"sudo chgrp {gid} {path} && sudo chmod 2775 {path}")
 
 
 def install_script(t: TPUConfig, wheel: str) -> str:
@@ -106,15 +133,25 @@ echo "dart-jax installed in $PWD/.venv"
 """
 
 
+def exit_dir(t: TPUConfig) -> str:
+    """Where each host's launch writes its trainer's exit code: on the shared root, so `dart-jax
+    run` sees a trainer that died at once (a bad config: 2) in seconds, not after
+    `startup_timeout_s` without heartbeats; in the workdir when there is no shared root."""
+    return EXITS if t.shared_root.kind == "none" else f"{t.shared_root.path}/{EXITS}/{t.name}"
+
+
 def launch_script(t: TPUConfig) -> str:
     return f"""#!/usr/bin/env bash
 # The trainer on this host (written by `dart-jax tpu submit`):
 #   bash {LAUNCH} start   stop the trainer this script started before, then start `{t.launch_command} {CONFIG}`
-#                         detached (it resumes from the run's last checkpoint), output appended to {LOG}
+#                         detached (it resumes from the run's last checkpoint), output appended to {LOG},
+#                         its exit code, when it ends, to {exit_dir(t)}/HOST
 #   bash {LAUNCH} stop
 set -euo pipefail
 cd "$(dirname "$0")"
 export PATH="$PWD/.venv/bin:$PATH"
+umask 002  # what the trainer writes on the shared root, the group's other users may write too
+EXIT={shlex.quote(exit_dir(t))}/"$(hostname)$(pwd | tr / -)"  # a host (and a workdir: the rehearsal's hosts)
 alive() {{ [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }}  # a zombie is gone
 stop() {{
   [ -f {PID} ] || return 0
@@ -127,10 +164,30 @@ stop() {{
 }}
 case "${{1:-start}}" in
   stop) stop ;;
-  start) stop; setsid {t.launch_command} {CONFIG} >> {LOG} 2>&1 < /dev/null & echo $! > {PID} ;;
+  start) stop; mkdir -p "$(dirname "$EXIT")"; rm -f "$EXIT"
+    setsid bash -c '"$@"; echo $? > "$0.tmp" && mv "$0.tmp" "$0"' "$EXIT" {t.launch_command} {CONFIG} \\
+      >> {LOG} 2>&1 < /dev/null & echo $! > {PID} ;;
   *) echo "usage: {LAUNCH} start|stop" >&2; exit 2 ;;
 esac
 """
+
+
+def ship_keys(config_yaml: str, keys: Path) -> str:
+    """Copy the CURVE key files the trainer reads (TRAINER_KEYS) into `keys` and point the
+    config at the copies, relative to the workdir the launch runs in; no other key travels.
+    A config without CURVE comes back as it is."""
+    shutil.rmtree(keys, ignore_errors=True)
+    keys.mkdir(parents=True)
+    data, copied = yaml.safe_load(config_yaml), False
+    for (section, link), fields in TRAINER_KEYS.items():
+        curve = ((data.get(section) or {}).get(link) or {}).get("curve") or {}
+        for field in (f for f in fields if curve.get(f)):
+            source, name = Path(curve[field]), f"{section}.{link}.{field}"
+            if not source.exists():
+                raise UsageError(f"{section}.{link}.curve.{field}: no key at {source} to ship to the slice")
+            (shutil.copytree if source.is_dir() else shutil.copy)(source, keys / name)
+            curve[field], copied = f"{KEYS}/{name}", True
+    return yaml.safe_dump(data, sort_keys=False) if copied else config_yaml
 
 
 def ship(t: TPUConfig, directory: Path, config_yaml: str,
@@ -143,7 +200,7 @@ def ship(t: TPUConfig, directory: Path, config_yaml: str,
         raise UsageError(f"building the wheel of {checkout} failed (exit {code}): "
                          f"`{shlex.join(wheel_argv(directory, checkout))}`")
     shutil.copyfile(checkout / LOCK_SOURCE, directory / LOCK)
-    (directory / CONFIG).write_text(config_yaml)
+    (directory / CONFIG).write_text(ship_keys(config_yaml, directory / KEYS))
     (directory / INSTALL).write_text(install_script(t, out.wheel))
     (directory / LAUNCH).write_text(launch_script(t))
     return out

@@ -50,7 +50,7 @@ STATE_NOTES = {
     "SUSPENDING": "being preempted: wait until SUSPENDED, then `dart-jax tpu submit`",
     "DELETING": "being deleted: `dart-jax tpu submit` once it is gone",
 }
-AUTH_ARGV = ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)")
+AUTH_ARGV = ("gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)", "--quiet")
 # GA `queued-resources create` takes --spot and --reserved; --best-effort is alpha only.
 PROVISIONING_FLAGS = {"on-demand": (), "spot": ("--spot",), "reserved": ("--reserved",),
                       "best-effort": ("--best-effort",)}
@@ -85,7 +85,8 @@ def run_command(argv: Sequence[str], capture: bool) -> Completed:
 # ---- commands ---------------------------------------------------------------------------
 
 def _where(t: TPUConfig) -> list[str]:
-    return [f"--zone={t.zone}", f"--project={t.project}"]
+    """Where, and --quiet: gcloud never prompts (a first ssh would ask for a key passphrase)."""
+    return [f"--zone={t.zone}", f"--project={t.project}", "--quiet"]
 
 
 def create_argv(t: TPUConfig) -> list[str]:
@@ -106,9 +107,8 @@ def describe_argv(t: TPUConfig, state_only: bool = False) -> list[str]:
 
 
 def delete_argv(t: TPUConfig) -> list[str]:
-    """--force deletes the slice's TPU VMs first; --quiet answers gcloud's confirmation."""
-    return ["gcloud", "compute", "tpus", "queued-resources", "delete", t.queued_resource_id, *_where(t),
-            "--force", "--quiet"]
+    """--force deletes the slice's TPU VMs first (--quiet, from _where, answers the confirmation)."""
+    return ["gcloud", "compute", "tpus", "queued-resources", "delete", t.queued_resource_id, *_where(t), "--force"]
 
 
 def ssh_argv(t: TPUConfig, command: str, worker: str = "all") -> list[str]:
@@ -119,7 +119,7 @@ def ssh_argv(t: TPUConfig, command: str, worker: str = "all") -> list[str]:
 
 def scp_argv(t: TPUConfig, local: Sequence[Path], dest: str) -> list[str]:
     argv = ["gcloud", "compute", "tpus", "tpu-vm", "scp", *map(str, local), f"{t.name}:{dest}", *_where(t),
-            "--worker=all"]
+            "--worker=all", "--recurse"]  # the keys directory
     return argv + (["--internal-ip"] if t.internal_ips else [])
 
 
@@ -146,7 +146,7 @@ def submit_commands(t: TPUConfig, ship_dir: Path, state: str | None = None) -> l
     SUSPENDED (a preempted spot slice) or FAILED is deleted and created again; one that exists
     otherwise is reused, and the job is installed and launched on it again (it resumes)."""
     wheel = remote.wheel_name()
-    files = [ship_dir / n for n in (wheel, remote.LOCK, remote.INSTALL, remote.LAUNCH, remote.CONFIG)]
+    files = [ship_dir / n for n in (wheel, remote.LOCK, remote.INSTALL, remote.LAUNCH, remote.CONFIG, remote.KEYS)]
     commands = [Command(f"build the wheel of this checkout into {ship_dir}, beside the lock, the run config "
                         "and the install and launch scripts", tuple(remote.wheel_argv(ship_dir)), "ship")]
     if state in REPLACED_STATES:
@@ -159,7 +159,7 @@ def submit_commands(t: TPUConfig, ship_dir: Path, state: str | None = None) -> l
         Command(f"every {t.poll_s:g} s until ACTIVE (at most {t.active_timeout_s:g} s)",
                 tuple(describe_argv(t, state_only=True)), "poll"),
         Command("make the work directory on every worker", tuple(ssh_argv(t, shlex.join(["mkdir", "-p", t.workdir])))),
-        Command("copy the wheel, the lock, the scripts and the run config to every worker",
+        Command("copy the wheel, the lock, the scripts, the run config and its CURVE keys to every worker",
                 tuple(scp_argv(t, files, f"{t.workdir}/"))),
         Command(f"install on every worker (uv, Python {t.python}, the wheel with [{t.extras}]"
                 f"{', the shared root' if t.shared_root.kind != 'none' else ''})",

@@ -19,6 +19,7 @@ test's time (161 s on this 2-core machine lightly shared; 572 s at a load averag
 """
 
 import os
+import shutil
 import signal
 import json
 import subprocess
@@ -129,7 +130,7 @@ def test_two_hosts_install_the_wheel_train_as_one_pod_and_resume_from_the_shared
         for host, env in zip(hosts, envs):
             host.mkdir(parents=True)
             for f in shipped.files:  # what scp copies to every worker
-                (host / f.name).write_bytes(f.read_bytes())
+                shutil.copytree(f, host / f.name) if f.is_dir() else (host / f.name).write_bytes(f.read_bytes())
             _run(["bash", remote.INSTALL], host, env)
             origin = subprocess.run([".venv/bin/python", "-c", "import dart_jax; print(dart_jax.__file__)"],
                                     cwd=host, env=env, capture_output=True, text=True).stdout

@@ -3,16 +3,20 @@ attached through gcloud (a fake one here), watched through the trainer's heartbe
 data manager, finished, failed or silent as those say, and stopped on every host with the run.
 """
 
+import dataclasses
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from dart_jax.config import from_dict
+from dart_jax.config import dump, from_dict, load
 from dart_jax.run.schema import RunConfig
 from dart_jax.rundir import RunDir
 from dart_jax.run.launchers import slice as slice_lib
-from dart_jax.run.launchers import tpu
+from dart_jax.run.launchers import remote, tpu
 from dart_jax.run.launchers.local import Instance
 from dart_jax.run.supervisor import RunFailed, Supervisor, instance_configs
 from dart_jax.train.heartbeat import Heartbeat
@@ -81,18 +85,38 @@ def test_the_trainer_is_what_its_heartbeats_say(tmp_path, data_manager):
     assert proc.host() == WORKER0
 
 
+def _with_policy(cfg: RunConfig, hf_dir: str) -> RunConfig:
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, hf_dir=hf_dir))
+
+
+def test_a_policy_on_the_shared_root_keeps_its_path_on_the_slice(tmp_path, data_manager):
+    cfg = _with_policy(_cfg(tmp_path, data_manager, shared_root={"kind": "nfs", "source": "10.0.0.2:/runs",
+                                                                   "path": str(tmp_path)}), "UI-TARS-1.5-7B")
+    config = tmp_path / "trainer.yaml"
+    for policy, shipped in ((f"{tmp_path}/slice/sft/export/step-200", f"{tmp_path}/slice/sft/export/step-200"),
+                            ("/home/head-user/UI-TARS-1.5-7B", "UI-TARS-1.5-7B")):
+        config.write_text(dump(_with_policy(cfg, policy)))
+        assert load(RunConfig, _written(tmp_path, slice_lib.slice_config(cfg, config))).policy.hf_dir == shipped
+
+
+def _written(tmp_path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
 def test_start_submits_without_following_and_stop_stops_every_host(tmp_path, data_manager, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = _cfg(tmp_path, data_manager)
-    config = tmp_path / "trainer.yaml"
-    config.write_text("the trainer's config\n")
+    cfg = _with_policy(_cfg(tmp_path, data_manager), "UI-TARS-1.5-7B")  # the install downloads it on every worker
+    config = tmp_path / "trainer.yaml"  # as the head writes it: its own copy of the policy, by absolute path
+    config.write_text(dump(_with_policy(cfg, "/home/head-user/UI-TARS-1.5-7B")))
     fake = Slice(existing="SUSPENDED")  # preempted: deleted and created again
     proc = slice_lib.SliceLauncher(cfg, fake.env()).start(Instance("trainer", "trainer", config, tmp_path / "t.log"))
     steps = tpu.submit_commands(cfg.tpu, tpu.ship_dir(cfg), "SUSPENDED")
     ran = [argv for argv, _ in fake.calls]
     assert [s.kind for s in steps][-1] == "follow" and list(steps[-1].argv) not in ran
     assert tpu.delete_argv(cfg.tpu) in ran and list(steps[-2].argv) in ran  # ... the launch on every host
-    assert (tpu.ship_dir(cfg) / "run.yaml").read_text() == "the trainer's config\n"
+    assert (tpu.ship_dir(cfg) / "run.yaml").read_text() == dump(cfg)  # the slice's own path to its policy
     proc.stop()
     assert fake.calls[-1] == (tpu.ssh_argv(cfg.tpu, "bash dart-jax/launch.sh stop"), False)
 
@@ -136,3 +160,65 @@ def test_a_silent_slice_stops_the_run_when_its_restarts_are_spent(tmp_path, data
         sup.start({"trainer"})
         with pytest.raises(RunFailed, match="trainer died 1 times"):
             sup.wait_done("trainer", period_s=0.1)
+
+
+def _refusing_slice(tmp_path, dm, **tpu):
+    """A slice config with its shared root in tmp_path, whose trainer refuses its config (exit 2)."""
+    return _cfg(tmp_path, dm, launch_command=f"{sys.executable} -c 'import sys; sys.exit(2)'",
+                shared_root={"kind": "nfs", "source": "10.0.0.2:/runs", "path": str(tmp_path)}, **tpu)
+
+
+def test_a_trainer_that_exits_before_its_first_heartbeat_is_seen_in_seconds(tmp_path, data_manager):
+    cfg = _refusing_slice(tmp_path, data_manager)  # startup_timeout_s: 2 h
+    host = tmp_path / "host0"
+    host.mkdir()
+    (host / remote.LAUNCH).write_text(remote.launch_script(cfg.tpu))
+    subprocess.run(["bash", remote.LAUNCH, "start"], cwd=host, check=True, timeout=60)
+    proc = slice_lib.SliceProcess(cfg, Slice().env())
+    deadline = time.monotonic() + 60
+    while (code := proc.exit_code()) is None:
+        assert time.monotonic() < deadline, "the launch wrote no exit code"
+        time.sleep(0.1)
+    assert code == 2
+    assert list(proc.exited().values()) == [2]
+
+
+def test_a_refused_config_is_never_restarted_and_an_old_exit_code_is_not_this_launch(tmp_path, data_manager,
+                                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _refusing_slice(tmp_path, data_manager)
+    exits = Path(remote.exit_dir(cfg.tpu))
+    exits.mkdir(parents=True)
+    (exits / "old-host").write_text("137\n")  # a launch before this one
+    run = RunDir.create(tmp_path / "slice")
+    with Supervisor(cfg, run, launchers={"tpu": slice_lib.SliceLauncher(cfg, Slice().env())}) as sup:
+        sup.start({"trainer"})
+        assert not any(exits.iterdir())  # the submit cleared it
+        (exits / "t1v-w-0").write_text("2\n")  # what host 0's launch writes when the trainer refuses its config
+        with pytest.raises(RunFailed, match="refused its config"):
+            sup.wait_done("trainer", period_s=0.1)
+        assert sup.restarts() == {"trainer": 0}
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_runs_end_deletes_the_queued_resource_it_submitted_unless_kept(tmp_path, data_manager, monkeypatch, keep):
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(tmp_path, data_manager, startup_timeout_s=0.3, keep=keep)
+    fake = Slice()
+    with pytest.raises(RunFailed):  # a run that fails ends too
+        with Supervisor(cfg, RunDir.create(tmp_path / "slice"),
+                        launchers={"tpu": slice_lib.SliceLauncher(cfg, fake.env())}) as sup:
+            sup.start({"trainer"})
+            sup.wait_done("trainer", period_s=0.1)
+    ran = [argv for argv, _ in fake.calls]
+    assert (tpu.delete_argv(cfg.tpu) in ran) is not keep
+    assert ran[-1] == tpu.delete_argv(cfg.tpu) or keep  # after the trainer was stopped on every host
+
+
+def test_a_failed_delete_at_the_runs_end_is_logged_not_raised(tmp_path, data_manager, caplog):
+    cfg = _cfg(tmp_path, data_manager)
+    slice_lib.SliceLauncher(cfg, Slice(fail="queued-resources delete").env()).release()
+    assert "may still exist" in caplog.text
+    attached = Slice()
+    slice_lib.SliceLauncher(_cfg(tmp_path, data_manager, attach=True), attached.env()).release()
+    assert attached.calls == []  # a slice submitted by hand is the user's to delete

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from dart_jax.config import dump, from_dict, load
 from dart_jax.config.loader import ConfigError
 from dart_jax.run.schema import RunConfig
 from dart_jax.run.launchers import remote, tpu
-from dart_jax.run.launchers.config import TPUConfig
+from dart_jax.run.launchers import slice as slice_lib
+from dart_jax.run.launchers.config import SharedRoot, TPUConfig
 from dart_jax.run.launchers.tpu import Completed, Env, TPUCommandError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 #     (alpha only: [--best-effort])
 #   queued-resources describe QR --zone;  queued-resources delete QR --zone [--async] [--force]
 #   tpu-vm ssh TPU [--internal-ip] [--worker=WORKER; default="0"] [--zone] [--command=COMMAND]
-#   tpu-vm scp SRC... DEST [--internal-ip] [--worker] [--zone]
+#   tpu-vm scp SRC... DEST [--internal-ip] [--recurse] [--worker] [--zone]
 WIDE = {"--project", "--format", "--quiet"}
 DOCUMENTED = {
     "queued-resources create": {"--zone", "--runtime-version", "--accelerator-type", "--node-id", "--internal-ips",
@@ -35,7 +37,7 @@ DOCUMENTED = {
     "queued-resources describe": {"--zone"},
     "queued-resources delete": {"--zone", "--async", "--force"},
     "tpu-vm ssh": {"--internal-ip", "--worker", "--zone", "--command"},
-    "tpu-vm scp": {"--internal-ip", "--worker", "--zone"},
+    "tpu-vm scp": {"--internal-ip", "--worker", "--zone", "--recurse"},
 }
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -105,16 +107,36 @@ def test_options_map_to_flags():
                   service_account="sa@p.iam.gserviceaccount.com", valid_until_duration="6h", workdir="w d")
     assert tpu.create_argv(t) == [
         "gcloud", "compute", "tpus", "queued-resources", "create", "q", "--node-id=n", "--zone=z", "--project=p",
-        "--accelerator-type=v5p-8", "--runtime-version=r", "--reserved", "--network=net", "--subnetwork=sub",
+        "--quiet", "--accelerator-type=v5p-8", "--runtime-version=r", "--reserved", "--network=net", "--subnetwork=sub",
         "--service-account=sa@p.iam.gserviceaccount.com", "--valid-until-duration=6h", "--internal-ips"]
     best = TPUConfig(project="p", zone="z", name="n", provisioning="best-effort")
     assert tpu.create_argv(best)[:6] == ["gcloud", "alpha", "compute", "tpus", "queued-resources", "create"]
     assert "--best-effort" in tpu.create_argv(best) and tpu.create_argv(best)[6] == "n"  # the node's name
-    assert tpu.delete_argv(t)[-2:] == ["--force", "--quiet"]
+    assert tpu.delete_argv(t)[-2:] == ["--quiet", "--force"]
     ssh = tpu.ssh_argv(t, tpu.remote_command(t, remote.LAUNCH, "start"))
     assert ssh[-1] == "--internal-ip"
     # the workdir is quoted inside the remote command: a space cannot split it
     assert shlex.split(ssh[-2].removeprefix("--command=")) == ["bash", "w d/launch.sh", "start"]
+
+
+@pytest.mark.parametrize("config", sorted(SLICES))
+def test_no_gcloud_command_can_prompt(config):
+    """`dart-jax run` drives gcloud with nobody at the terminal: every call says --quiet."""
+    cfg = load(RunConfig, ROOT / "configs/tpu" / config, ["tpu.project=my-project"])
+    argvs = [list(tpu.AUTH_ARGV), slice_lib.worker0_argv(cfg.tpu)] + [
+        argv for action in ("submit", "status", "logs", "stop", "delete")
+        for argv in _argvs(ROOT / "configs/tpu" / config, action)]
+    argvs += [list(s.argv) for s in tpu.submit_commands(cfg.tpu, Path("ship"), "SUSPENDED") if s.kind != "ship"]
+    for argv in argvs:
+        assert argv[0] == "gcloud" and "--quiet" in argv, argv
+
+
+@pytest.mark.parametrize("kind, source", [("nfs", "10.0.0.2:/runs"), ("gcsfuse", "my-bucket")])
+def test_apt_waits_for_dpkgs_lock_right_after_boot(kind, source):
+    t = TPUConfig(name="n", shared_root=SharedRoot(kind=kind, source=source))
+    text = remote.install_script(t, remote.wheel_name())
+    calls = re.findall(r"apt-get[^;&|}]*", text)
+    assert calls and all(c.startswith("apt-get -o DPkg::Lock::Timeout=300 ") for c in calls), calls
 
 
 @pytest.mark.parametrize("workdir", ["/abs", "../up", "a/../../b", ""])

@@ -4,8 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 # the shared run root (nfs), the same directory on every host
-command -v mount.nfs >/dev/null || { sudo apt-get update -q && sudo apt-get install -yq nfs-common; }
+command -v mount.nfs >/dev/null || { sudo apt-get -o DPkg::Lock::Timeout=300 update -q && sudo apt-get -o DPkg::Lock::Timeout=300 install -yq nfs-common; }
 mountpoint -q /mnt/runs || { sudo mkdir -p /mnt/runs && sudo mount -t nfs -o rw,hard 10.0.0.2:/runs /mnt/runs; }
+# every host's user writes the share through group 2000
+getent group 2000 >/dev/null || sudo groupadd -g 2000 dart-jax
+sudo usermod -aG "$(getent group 2000 | cut -d: -f1)" "${USER:-$(id -un)}"
+sudo chgrp 2000 /mnt/runs && sudo chmod 2775 /mnt/runs
 # uv from the registry brings a Python of its own (TPU VM images have 3.10)
 if command -v uv >/dev/null; then UV=$(command -v uv)
 else python3 -m pip install --user --quiet "uv==0.13.8"; UV="$HOME/.local/bin/uv"; fi

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The trainer on this host (written by `dart-jax tpu submit`):
 #   bash launch.sh start   stop the trainer this script started before, then start `dart-jax train run.yaml`
-#                         detached (it resumes from the run's last checkpoint), output appended to train.log
+#                         detached (it resumes from the run's last checkpoint), output appended to train.log,
+#                         its exit code, when it ends, to /mnt/runs/.dart-jax-exit/dart-jax-v5p-64/HOST
 #   bash launch.sh stop
 set -euo pipefail
 cd "$(dirname "$0")"
 export PATH="$PWD/.venv/bin:$PATH"
+umask 002  # what the trainer writes on the shared root, the group's other users may write too
+EXIT=/mnt/runs/.dart-jax-exit/dart-jax-v5p-64/"$(hostname)$(pwd | tr / -)"  # a host (and a workdir: the rehearsal's hosts)
 alive() { [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }  # a zombie is gone
 stop() {
   [ -f train.pid ] || return 0
@@ -18,6 +21,8 @@ stop() {
 }
 case "${1:-start}" in
   stop) stop ;;
-  start) stop; setsid dart-jax train run.yaml >> train.log 2>&1 < /dev/null & echo $! > train.pid ;;
+  start) stop; mkdir -p "$(dirname "$EXIT")"; rm -f "$EXIT"
+    setsid bash -c '"$@"; echo $? > "$0.tmp" && mv "$0.tmp" "$0"' "$EXIT" dart-jax train run.yaml \
+      >> train.log 2>&1 < /dev/null & echo $! > train.pid ;;
   *) echo "usage: launch.sh start|stop" >&2; exit 2 ;;
 esac
