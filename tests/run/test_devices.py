@@ -69,6 +69,7 @@ def test_tensor_parallel_workers_take_their_devices_in_turn():
     ("{role: trainer}, {role: rollout, gpus: [0]}", "rollout names its gpus but trainer names none"),
     ("{role: trainer, gpus: [2]}, {role: rollout, gpus: [0, 1, 3]}", "do not split into instances of"),
     ("{role: trainer}, {role: rollout, launcher: ray, gpus: [0]}", "gpus are the local launcher's"),
+    ("{role: trainer}, {role: rollout, launcher: ray, env: {A: b}}", "env is the local launcher's"),
     ("{role: trainer, gpus: [0, 0]}, {role: rollout, gpus: [1]}", "must be distinct device numbers"),
     ("{role: trainer, env: {CUDA_VISIBLE_DEVICES: '1'}}, {role: rollout}", "not env"),
 ])

@@ -38,6 +38,8 @@ class RoleSpec:
         if self.gpus and self.launcher != "local":
             raise ValueError(f"{self.role}: gpus are the local launcher's ({self.launcher} places devices itself: "
                              "resources)")
+        if self.env and self.launcher != "local":
+            raise ValueError(f"{self.role}: env is the local launcher's (a {self.launcher} row would ignore it)")
         if self.gpus and self.role not in ("trainer", "rollout"):
             raise ValueError(f"{self.role} uses no GPU: gpus are for the trainer and rollout workers")
         if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
