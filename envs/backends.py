@@ -15,7 +15,7 @@ def make_env(spec: SlotSpec, index: int = 0) -> Env:
         from envs.miniwob_env import MiniWoBEnv
         return MiniWoBEnv(spec)
     if isinstance(spec, OSWorldSlots):
-        from envs.osworld import OSWorldEnv
+        from envs.osworld.env import OSWorldEnv
         return OSWorldEnv(spec, index)
     raise TypeError(f"unknown slot spec {type(spec).__name__}")
 
@@ -29,5 +29,5 @@ def task_names(spec: SlotSpec) -> list[str]:
     if isinstance(spec, MiniWoBSlots):
         from envs.miniwob_env import task_names as miniwob_tasks
         return miniwob_tasks()
-    from envs.osworld import bundled_tasks
+    from envs.osworld.env import bundled_tasks
     return sorted(bundled_tasks())

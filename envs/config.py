@@ -62,14 +62,14 @@ class MiniWoBSlots:
 
 @dataclasses.dataclass(frozen=True)
 class QemuSettings:
-    """Desktop VMs this host boots itself (OSWorld `provider: qemu`, envs/qemu.py): the
+    """Desktop VMs this host boots itself (OSWorld `provider: qemu`, envs/osworld/qemu.py): the
     image `make setup-vm` builds, KVM where it boots and QEMU's software emulation (TCG)
     elsewhere, user-mode networking with the guest's port 5000 forwarded to a loopback
     port, and a memory + disk snapshot taken once the desktop answers, which every reset
     restores. `host_memory_mib` bounds what this server's VMs may take together (guest
     memory plus `overhead_mib` each): a config asking for more is refused, and a VM does
     not start while the host has less memory available than it needs."""
-    image_dir: str = ""  # empty: the image built from this checkout's sources (envs/vm_image.py)
+    image_dir: str = ""  # empty: the image built from this checkout's sources (envs/osworld/image.py)
     accel: Literal["auto", "kvm", "tcg"] = "auto"  # auto: KVM when /dev/kvm opens, else TCG
     memory_mib: int = bounded(1024, ge=256)
     cpus: int = bounded(1, ge=1, le=64)
@@ -86,11 +86,11 @@ class QemuSettings:
 class OSWorldSlots:
     """OSWorld desktops. `provider: remote` talks to an in-VM server at `remote_url`
     (host:5000) without desktop-env; other providers start VMs through desktop-env's
-    providers (a separate environment on OSWorld hosts, see envs/osworld.py). A task
+    providers (a separate environment on OSWorld hosts, see envs/osworld/env.py). A task
     carries its example inline, or names a file by `path` relative to `task_dir` (resolved
     inside it; empty: no task may name a file on this host). `provider: qemu` boots the
     VMs itself (`qemu`), and a task may name a bundled example by its id alone
-    (envs/desktop_tasks). `observe_windows` adds the desktop's window list (title, frame,
+    (envs/osworld/tasks). `observe_windows` adds the desktop's window list (title, frame,
     focus) to each observation's element text; `accessibility_tree` adds the AT-SPI tree."""
     type: Literal["osworld"] = "osworld"
     count: int = bounded(1, ge=1)

@@ -16,6 +16,7 @@ from typing import Callable
 from envs import dom
 from envs.actions import render
 from envs.dom import Element
+from envs.osworld import oracle as desktop_oracle
 from envs.synthetic import HEADER
 from envs.types import Action, Observation
 
@@ -186,53 +187,6 @@ def _mw_click_checkboxes(instruction, elements, obs):
     return _click(submit, "Submit.") if submit else _give_up("No Submit button.")
 
 
-# ---- desktop VMs (OSWorld-format tasks of envs/desktop_tasks) ----------------------------------
-# The observation's element text lists the desktop's windows (`observe_windows`); each
-# task's progress shows in window titles (an editor's "*" and file name, a dialog, a
-# shell's working directory), so the expert needs no memory of its own.
-
-def _windows(elements: list[Element]) -> list[Element]:
-    return [e for e in elements if e.role == "window"]
-
-
-def _vm_mousepad_save_as(instruction, elements, obs):
-    windows = _windows(elements)
-    dialogs = [w for w in windows if w.label == "Save As"]
-    editor = next((w for w in windows if w.label.endswith(" - Mousepad")), None)
-    if editor is None:
-        return _give_up("The text editor is not open.")
-    title = editor.label[:-len(" - Mousepad")]
-    named = title.lstrip("*").endswith("agenda.txt")
-    # a second save sent while a slow dialog was still opening leaves a dialog too many
-    if dialogs and ((named and not title.startswith("*")) or len(dialogs) > 1):
-        return Action(kind="hotkey", keys=("esc",), thought="Close the extra save dialog.")
-    if dialogs:
-        return Action(kind="type", content="/home/user/Documents/agenda.txt\n",
-                      thought="Name the file by its full path and confirm.")
-    if title == "Untitled 1":
-        return Action(kind="type", content="meeting at 10", thought='Type "meeting at 10" into the editor.')
-    if named:
-        if title.startswith("*"):
-            return Action(kind="hotkey", keys=("ctrl", "s"), thought="Save the changes.")
-        return Action(kind="finished", thought="The line is written and saved as agenda.txt.")
-    # unsaved, or saved under another name (a dialog that was not ready took the default)
-    return Action(kind="hotkey", keys=("ctrl", "shift", "s"), thought="Save it under the name asked for.")
-
-
-def _vm_xterm_mkdir(instruction, elements, obs):
-    shell = next((w for w in _windows(elements) if w.label.startswith("user@dart-vm: ")), None)
-    if shell is None:
-        return _give_up("No terminal is open.")
-    if shell.label.endswith(": ~/reports"):
-        return Action(kind="finished", thought="The shell is inside the new reports folder.")
-    return Action(kind="type", content="mkdir -p ~/reports && cd ~/reports\n",
-                  thought="Create the folder and change into it.")
-
-
-def _vm_infeasible(instruction, elements, obs):
-    return Action(kind="call_user", thought="No screen can show 16K here: the task is infeasible.")
-
-
 SOLVERS: dict[tuple[str, str], Solver] = {
     ("synthetic", "click-button"): _syn_click_button,
     ("synthetic", "click-color"): _syn_click_color,
@@ -246,7 +200,5 @@ SOLVERS: dict[tuple[str, str], Solver] = {
     ("miniwob", "enter-text"): _mw_enter_text,
     ("miniwob", "focus-text"): _mw_focus_text,
     ("miniwob", "click-checkboxes"): _mw_click_checkboxes,
-    ("osworld", "mousepad-save-as"): _vm_mousepad_save_as,
-    ("osworld", "xterm-mkdir"): _vm_xterm_mkdir,
-    ("osworld", "os-infeasible-16k"): _vm_infeasible,
+    **{("osworld", name): solver for name, solver in desktop_oracle.SOLVERS.items()},
 }

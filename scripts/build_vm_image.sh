@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds the desktop VM image that envs/qemu.py boots (`make setup-vm`; idempotent).
+# Builds the desktop VM image that envs/osworld/qemu.py boots (`make setup-vm`; idempotent).
 #
 # Debian bookworm from Debian's packages (mmdebstrap): a kernel, systemd, Xvfb as the X
 # server, the openbox window manager, Mousepad (text editor), xterm (terminal), PCManFM
 # (file manager), the AT-SPI accessibility bus, and OSWorld's VM-side protocol
-# (envs/guest/osworld_server.py with pyautogui from PyPI) started at boot as user `user`
+# (envs/osworld/guest/osworld_server.py with pyautogui from PyPI) started at boot as user `user`
 # (password `password`, as OSWorld's images). Output, in a folder named by the hash of
-# this script and envs/guest/ (so a change to either rebuilds and nothing stale is used):
+# this script and envs/osworld/guest/ (so a change to either rebuilds and nothing stale is used):
 #   $DART_VM_DIR/desktop-<key>/{desktop.qcow2, vmlinuz, initrd.img, manifest.json}
 # DART_VM_DIR defaults to ~/.cache/dart-jax/vm (shared by every checkout on the host).
 #   DART_SKIP_APT=1   do not apt-get install the host tools (qemu, mmdebstrap)
@@ -14,7 +14,7 @@ set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
 ROOT=${DART_VM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dart-jax/vm}
-key=$(cat scripts/build_vm_image.sh envs/guest/*.py envs/guest/*.sh | sha256sum | cut -c1-16)
+key=$(cat scripts/build_vm_image.sh envs/osworld/guest/*.py envs/osworld/guest/*.sh | sha256sum | cut -c1-16)
 out=$ROOT/desktop-$key
 if [ -f "$out/manifest.json" ]; then
   echo "setup-vm: image up to date ($out)"; exit 0
@@ -59,8 +59,8 @@ chroot "$root" useradd -m -s /bin/bash -G sudo user
 echo user:password | chroot "$root" chpasswd
 mkdir -p "$root/home/user/Desktop" "$root/home/user/Documents"
 chroot "$root" chown -R user:user /home/user
-install -D -m 0755 "$src/envs/guest/session.sh" "$root/opt/dart/session.sh"
-install -D -m 0644 "$src/envs/guest/osworld_server.py" "$root/opt/dart/osworld_server.py"
+install -D -m 0755 "$src/envs/osworld/guest/session.sh" "$root/opt/dart/session.sh"
+install -D -m 0644 "$src/envs/osworld/guest/osworld_server.py" "$root/opt/dart/osworld_server.py"
 cp -r "$src/pypi/." "$root/usr/local/lib/python3.11/dist-packages/"
 echo dart-vm > "$root/etc/hostname"
 echo "/dev/vda / ext4 rw,noatime 0 1" > "$root/etc/fstab"

@@ -24,10 +24,10 @@ import threading
 import time
 
 from benchmarks.common import machine
-from envs import vm_image
+from envs.osworld import image as vm_image
 from envs.config import QemuSettings
-from envs.osworld import VMClient
-from envs.qemu import QemuVM
+from envs.osworld.env import VMClient
+from envs.osworld.qemu import QemuVM
 
 SCREEN = (1280, 800)
 

@@ -27,7 +27,7 @@ def test_bad_configs_name_the_key(data, key):
 
 
 def test_env_hosts_never_import_jax_or_torch():
-    code = ("import sys, envs.server, envs.miniwob_env, envs.osworld, envs.oracle; "
+    code = ("import sys, envs.server, envs.miniwob_env, envs.osworld.env, envs.oracle; "
             "print(sorted(m for m in ('jax', 'torch', 'flax', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -14,7 +14,7 @@ import pytest
 
 from dart_jax.wire.messages import TaskSpec
 from envs import reaper
-from envs.qemu import free_port
+from envs.osworld.qemu import free_port
 
 from tests.envs.conftest import alive, client, run, spec, vm_slots
 

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from dart_jax.wire import process_groups
-from envs import reaper, vm_image
+from envs import reaper
+from envs.osworld import image as vm_image
 from envs.config import QemuSettings
 from envs.types import EnvError
 

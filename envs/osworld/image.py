@@ -1,7 +1,7 @@
 """Where the desktop VM image of this checkout lives (scripts/build_vm_image.sh builds it).
 
 The image folder is named by a hash of the build script and the guest's files
-(envs/guest/), computed here exactly as the script computes it, so a checkout never boots
+(envs/osworld/guest/), computed here exactly as the script computes it, so a checkout never boots
 an image built from other sources: a stale or missing image is an error that says to run
 `make setup-vm`.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from envs.types import EnvError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +42,8 @@ def cache_root() -> Path:
 
 
 def source_key(repo: Path = REPO) -> str:
-    """The build script's key: sha256 of the script then envs/guest/*.py, *.sh (C order)."""
-    guest = repo / "envs" / "guest"
+    """The build script's key: sha256 of the script then envs/osworld/guest/*.py, *.sh (C order)."""
+    guest = repo / "envs" / "osworld" / "guest"
     files = [repo / "scripts" / "build_vm_image.sh"] + sorted(guest.glob("*.py")) + sorted(guest.glob("*.sh"))
     digest = hashlib.sha256()
     for path in files:

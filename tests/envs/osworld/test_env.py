@@ -8,7 +8,7 @@ import pytest
 
 from envs import actions
 from envs.config import OSWorldSlots
-from envs.osworld import OSWorldEnv, VMClient, load_task, load_tasks, task_spec, to_pyautogui
+from envs.osworld.env import OSWorldEnv, VMClient, load_task, load_tasks, task_spec, to_pyautogui
 from envs.types import Action, EnvError, Task, TaskError
 
 from tests.envs.conftest import INFEASIBLE_TASK

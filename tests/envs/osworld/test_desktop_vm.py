@@ -9,8 +9,9 @@ import signal
 
 import pytest
 
-from envs import actions, oracle, osworld_eval
-from envs.osworld import VMClient, accessibility_lines, bundled_tasks, window_lines
+from envs import actions, oracle
+from envs.osworld import evaluation
+from envs.osworld.env import VMClient, accessibility_lines, bundled_tasks, window_lines
 from envs.types import Action, EnvError
 
 from tests.envs.conftest import FakeVM, alive, client, observation, oracle_episode, run, spec
@@ -163,7 +164,7 @@ def test_every_bundled_task_has_an_oracle_and_runs_without_desktop_env():
     tasks = bundled_tasks()
     assert len(tasks) >= 3
     for name, example in tasks.items():
-        assert ("osworld", name) in oracle.SOLVERS and osworld_eval.unsupported(example) == []
+        assert ("osworld", name) in oracle.SOLVERS and evaluation.unsupported(example) == []
 
 
 def test_window_and_accessibility_text_feed_the_oracle():
@@ -186,7 +187,7 @@ def test_window_and_accessibility_text_feed_the_oracle():
 def test_setup_steps_and_evaluators_against_a_fake_vm(tmp_path):
     vm = FakeVM()
     try:
-        runner = osworld_eval.Runner(VMClient(vm.url, timeout_s=5), (1280, 800), tmp_path, task_dir="")
+        runner = evaluation.Runner(VMClient(vm.url, timeout_s=5), (1280, 800), tmp_path, task_dir="")
         runner.setup([{"type": "execute", "parameters": {"command": ["echo", "{SCREEN_WIDTH_HALF}"]}}])
         assert vm.commands[-1] == ["echo", "640"]
         evaluator = {"func": ["check_include_exclude", "exact_match"], "conj": "and",
@@ -201,6 +202,6 @@ def test_setup_steps_and_evaluators_against_a_fake_vm(tmp_path):
                                                                              "path": "/tmp/x"}]}}])
     finally:
         vm.close()
-    assert osworld_eval.unsupported({"evaluator": {"func": "compare_pptx_files", "result": {"type": "cloud_file"}},
+    assert evaluation.unsupported({"evaluator": {"func": "compare_pptx_files", "result": {"type": "cloud_file"}},
                                      "config": [{"type": "download"}]}) == \
         ["setup step 'download'", "metric 'compare_pptx_files'", "result getter 'cloud_file'"]

@@ -48,7 +48,7 @@ def unsupported(example: dict) -> list[str]:
 
 
 class Runner:
-    """Runs setup steps and evaluators against one VM's server (an `envs.osworld.VMClient`)."""
+    """Runs setup steps and evaluators against one VM's server (an `envs.osworld.env.VMClient`)."""
 
     def __init__(self, vm: Any, screen: tuple[int, int], cache_dir: Path, task_dir: str,
                  client_password: str = "password"):

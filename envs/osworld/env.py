@@ -16,11 +16,11 @@ Infeasible tasks are scored the official way: 1 when the agent's last action is 
 (UI-TARS `call_user()`), else 0. Nothing forces a FAIL at the step limit.
 
 `provider: remote` drives an already running VM at `http://HOST:5000`; `provider: qemu`
-boots one VM per slot on this host (envs/qemu.py) and resets it by restoring its ready
+boots one VM per slot on this host (envs/osworld/qemu.py) and resets it by restoring its ready
 snapshot. With desktop-env importable both use the official setup and evaluator (a remote
 VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
-evaluator lie in envs/osworld_eval's subset run with the official semantics; other tasks
-are refused on reset. Tasks bundled with this repository (envs/desktop_tasks/, for the
+evaluator lie in envs/osworld/evaluation.py's subset run with the official semantics; other tasks
+are refused on reset. Tasks bundled with this repository (envs/osworld/tasks/, for the
 desktop image `make setup-vm` builds) are named by their id alone.
 """
 
@@ -44,8 +44,9 @@ from urllib.parse import urlencode, urlsplit
 from PIL import Image
 
 from dart_jax.wire import paths
-from envs import dom, osworld_eval
+from envs import dom
 from envs.config import OSWorldSlots
+from envs.osworld import evaluation
 from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ _PYAUTOGUI_KEYS = {"meta": "win", "esc": "esc"}
 _SCROLL_CLICKS = 5
 MAX_REPLY_BYTES = 64 << 20  # the VM's answers are read up to this (a screenshot is ~1 MiB)
 MAX_ELEMENTS = 400  # lines of window / accessibility text per observation
-BUNDLED_TASKS = Path(__file__).resolve().parent / "desktop_tasks"
+BUNDLED_TASKS = Path(__file__).resolve().parent / "tasks"
 
 
 # ---- tasks -------------------------------------------------------------------------------
@@ -109,7 +110,7 @@ def task_spec(example: dict, split: str = "train") -> Any:
 
 
 def bundled_tasks() -> dict[str, dict]:
-    """The OSWorld-format tasks of the desktop image, by id (envs/desktop_tasks/*.json)."""
+    """The OSWorld-format tasks of the desktop image, by id (envs/osworld/tasks/*.json)."""
     return {t["id"]: t for t in (load_task(p) for p in sorted(BUNDLED_TASKS.glob("*.json")))}
 
 
@@ -314,7 +315,7 @@ class OSWorldEnv:
         self.spec = spec
         self.desktop = None  # desktop_env.DesktopEnv when the package is importable
         self.vm: VMClient | None = None
-        self.machine = None  # envs.qemu.QemuVM for provider qemu
+        self.machine = None  # envs.osworld.qemu.QemuVM for provider qemu
         if spec.provider in ("remote", "qemu"):
             url = spec.remote_urls[index] if spec.provider == "remote" else self._boot(index)
             self.vm = VMClient(url, spec.http_timeout_s)
@@ -336,15 +337,15 @@ class OSWorldEnv:
         self.cache = Path(tempfile.gettempdir()) / f"dart-osworld-cache-{uuid.uuid4().hex[:12]}"
 
     def _boot(self, index: int) -> str:
-        from envs.qemu import QemuVM
+        from envs.osworld.qemu import QemuVM
         self.machine = QemuVM(self.spec.qemu, (self.spec.screen_width, self.spec.screen_height), f"slot{index}")
         return self.machine.start().url
 
     def reset(self, task: Task) -> Observation:
         example = _example(task, self.spec.task_dir)
-        if self.desktop is None and (missing := osworld_eval.unsupported(example)):
+        if self.desktop is None and (missing := evaluation.unsupported(example)):
             raise TaskError(f"OSWorld task {example['id']} uses {', '.join(missing)}: outside this host's "
-                            "subset (envs/osworld_eval.py); install desktop-env for the rest")
+                            "subset (envs/osworld/evaluation.py); install desktop-env for the rest")
         self.example, self.history = None, []
         if self.machine is not None:
             self.machine.restore()
@@ -389,8 +390,8 @@ class OSWorldEnv:
             self.machine.kill()
         shutil.rmtree(self.cache, ignore_errors=True)
 
-    def _runner(self) -> osworld_eval.Runner:
-        return osworld_eval.Runner(self.vm, (self.spec.screen_width, self.spec.screen_height), self.cache,
+    def _runner(self) -> evaluation.Runner:
+        return evaluation.Runner(self.vm, (self.spec.screen_width, self.spec.screen_height), self.cache,
                                    self.spec.task_dir)
 
     def _observe(self) -> Observation:
