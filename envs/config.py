@@ -105,6 +105,8 @@ class OSWorldSlots:
     accessibility_tree: bool = False
     cache_dir: str = "cache"
     task_dir: str = ""
+    osworld_dir: str = ""  # a checkout of OSWorld: tasks named <domain>/<id> (envs/osworld/checkout.py)
+    file_cache: str = ""  # the files tasks fetch on the host (envs/osworld/files.py); empty: none
     settle_s: float = bounded(1.0, ge=0)  # pause after each action before the screenshot
     http_timeout_s: float = bounded(60.0, gt=0)
     observe_windows: bool = False

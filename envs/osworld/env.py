@@ -2,7 +2,7 @@
 
 Two layers:
 
-- Ours, always available: task JSON loading and checks (`load_task`, `load_tasks`,
+- Ours, always available: task JSON loading and checks (envs/osworld/checkout.py,
   `task_spec`), the UI-TARS -> pyautogui translation (`to_pyautogui`) and an HTTP client
   of the in-VM server on port 5000 (`VMClient`: /screenshot, /accessibility, /execute).
 - `desktop-env` (the official package), imported lazily: its providers start and revert
@@ -21,7 +21,11 @@ snapshot. With desktop-env importable both use the official setup and evaluator 
 VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
 evaluator lie in envs/osworld/evaluation.py's subset run with the official semantics; other tasks
 are refused on reset. Tasks bundled with this repository (envs/osworld/tasks/, for the
-desktop image `make setup-vm` builds) are named by their id alone.
+desktop image `make setup-vm` builds) are named by their id alone; with the slots'
+`osworld_dir` (a checkout of OSWorld), a task named by its id with config `{"domain": ...}`
+is read from the checkout, and the files
+they fetch on the host come from the slots' `file_cache` (envs/osworld/files.py): a task
+whose file is not cached is refused at reset.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from dart_jax.wire import paths
 from envs import dom
 from envs.config import OSWorldSlots
 from envs.osworld import evaluation
+from envs.osworld.checkout import Checkout, load_task
+from envs.osworld.files import FileCache, task_urls
 from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
 
 log = logging.getLogger(__name__)
@@ -62,46 +68,6 @@ BUNDLED_TASKS = Path(__file__).resolve().parent / "tasks"
 
 # ---- tasks -------------------------------------------------------------------------------
 
-def load_task(source: dict | str | Path) -> dict:
-    """An OSWorld example (a dict, JSON text or a path to a .json file), checked."""
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith(("{", "["))):
-        try:
-            source = Path(source).read_text()
-        except OSError as e:
-            raise TaskError(f"cannot read OSWorld task {source}: {e.strerror}") from None
-    if isinstance(source, str):
-        try:
-            source = json.loads(source)
-        except json.JSONDecodeError as e:
-            raise TaskError(f"OSWorld task is not JSON: {e}") from None
-    if not isinstance(source, dict):
-        raise TaskError("an OSWorld task must be a JSON object")
-    for key, kind in (("id", str), ("instruction", str), ("evaluator", dict)):
-        if not isinstance(source.get(key), kind):
-            raise TaskError(f"OSWorld task {source.get('id', '?')}: {key!r} must be a {kind.__name__}")
-    func = source["evaluator"].get("func")
-    if not (isinstance(func, str) or (isinstance(func, list) and func and all(isinstance(f, str) for f in func))):
-        raise TaskError(f"OSWorld task {source['id']}: evaluator.func must be a name or a list of names")
-    if not isinstance(source.get("config", []), list):
-        raise TaskError(f"OSWorld task {source['id']}: config must be a list of setup steps")
-    return source
-
-
-def load_tasks(examples_dir: str | Path, index: str | Path | None = None) -> list[dict]:
-    """The examples under `examples_dir/<domain>/<id>.json`, or those an index file
-    (`{"domain": ["id", ...]}`, like test_all.json) names."""
-    root = Path(examples_dir)
-    if index is None:
-        paths = sorted(root.glob("*/*.json"))
-    else:
-        try:
-            listing = json.loads(Path(index).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise TaskError(f"cannot read OSWorld index {index}: {e}") from None
-        paths = [root / domain / f"{task_id}.json" for domain, ids in listing.items() for task_id in ids]
-    return [load_task(p) for p in paths]
-
-
 def task_spec(example: dict, split: str = "train") -> Any:
     """The wire TaskSpec of an OSWorld example (the example travels whole in `config`)."""
     from dart_jax.wire.messages import TaskSpec
@@ -114,21 +80,27 @@ def bundled_tasks() -> dict[str, dict]:
     return {t["id"]: t for t in (load_task(p) for p in sorted(BUNDLED_TASKS.glob("*.json")))}
 
 
-def _example(task: Task, task_dir: str) -> dict:
+def _example(task: Task, spec: OSWorldSlots) -> dict:
     """The task's example: inline (`example`, a JSON object: a string would be read as a
-    file name), the file `path` names, confined to `task_dir` (tasks come off the wire),
-    or a bundled task named by its id."""
+    file name), the file `path` names, confined to the slots' `task_dir` (tasks come off
+    the wire), the task of the slots' OSWorld checkout (`osworld_dir`) that the name and
+    config `domain` name, or a bundled task named by its id."""
     if "example" in task.config:
         if not isinstance(task.config["example"], dict):
             raise TaskError(f"task {task.id}: config 'example' must be a JSON object")
         return load_task(task.config["example"])
     if "path" in task.config:
-        return load_task(_task_file(task, task_dir))
+        return load_task(_task_file(task, spec.task_dir))
+    if "domain" in task.config:
+        if not spec.osworld_dir:
+            raise TaskError(f"task {task.id}: config 'domain' needs the slots' osworld_dir (an OSWorld checkout)")
+        return Checkout(Path(spec.osworld_dir)).task(task.config["domain"], task.name)
     bundled = bundled_tasks()
     if task.name in bundled:
         return bundled[task.name]
     raise TaskError(f"task {task.id}: config needs 'example' (an OSWorld task JSON) or 'path', "
-                    f"or the name of a bundled task ({', '.join(sorted(bundled))})")
+                    f"'domain' (of the slots' OSWorld checkout), or the name of a bundled task "
+                    f"({', '.join(sorted(bundled))})")
 
 
 def _task_file(task: Task, task_dir: str) -> Path:
@@ -332,6 +304,7 @@ class OSWorldEnv:
                                       screen_size=(spec.screen_width, spec.screen_height), headless=True,
                                       require_a11y_tree=spec.accessibility_tree, os_type=spec.os_type)
         self.example: dict | None = None
+        self.files: FileCache | None = None  # the file cache of the task under way
         self.history: list[str] = []
         # files the evaluator fetches from the VM land here (made on first use)
         self.cache = Path(tempfile.gettempdir()) / f"dart-osworld-cache-{uuid.uuid4().hex[:12]}"
@@ -342,10 +315,11 @@ class OSWorldEnv:
         return self.machine.start().url
 
     def reset(self, task: Task) -> Observation:
-        example = _example(task, self.spec.task_dir)
+        example = _example(task, self.spec)
         if self.desktop is None and (missing := evaluation.unsupported(example)):
             raise TaskError(f"OSWorld task {example['id']} uses {', '.join(missing)}: outside this host's "
                             "subset (envs/osworld/evaluation.py); install desktop-env for the rest")
+        self.files = self._file_cache(example) if self.desktop is None else None
         self.example, self.history = None, []
         if self.machine is not None:
             self.machine.restore()
@@ -389,6 +363,22 @@ class OSWorldEnv:
         if self.machine is not None:
             self.machine.kill()
         shutil.rmtree(self.cache, ignore_errors=True)
+
+    def _file_cache(self, example: dict) -> FileCache | None:
+        """The slots' file cache, holding every file the task fetches on the host (or a
+        TaskError naming the first that is not there)."""
+        urls = task_urls(example)
+        if not self.spec.file_cache:
+            if urls:
+                raise TaskError(f"OSWorld task {example['id']} fetches {urls[0][:200]} on the host: set the slots' "
+                                "file_cache (python -m envs.osworld.catalog fill)")
+            return None
+        files = FileCache(self.spec.file_cache)
+        if missing := files.missing(urls):
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise TaskError(f"OSWorld task {example['id']}: {missing[0][:200]} is not in the file cache "
+                            f"{self.spec.file_cache}{more}")
+        return files
 
     def _runner(self) -> evaluation.Runner:
         return evaluation.Runner(self.vm, (self.spec.screen_width, self.spec.screen_height), self.cache,

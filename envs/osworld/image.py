@@ -16,6 +16,15 @@ from pathlib import Path
 from envs.types import EnvError
 
 REPO = Path(__file__).resolve().parents[2]
+# The OSWorld applications each image target holds, by the names OSWorld's tasks give them
+# (domains and `related_apps`, normalized by envs.osworld.catalog); "os" is the desktop
+# itself (a shell, files, settings through the command line). The small default image has
+# none of OSWorld's applications (Mousepad, xterm and PCManFM are not among them).
+APPS: dict[str, frozenset[str]] = {
+    "desktop": frozenset({"os"}),
+    "osworld": frozenset({"os", "chrome", "libreoffice_calc", "libreoffice_writer", "libreoffice_impress",
+                          "gimp", "vlc", "thunderbird", "terminal", "pdf", "image"}),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,8 @@ import pytest
 
 from envs import actions
 from envs.config import OSWorldSlots
-from envs.osworld.env import OSWorldEnv, VMClient, load_task, load_tasks, task_spec, to_pyautogui
+from envs.osworld.checkout import load_task
+from envs.osworld.env import OSWorldEnv, VMClient, task_spec, to_pyautogui
 from envs.types import Action, EnvError, Task, TaskError
 
 from tests.envs.conftest import INFEASIBLE_TASK
@@ -28,15 +29,8 @@ def test_load_task_checks_the_example(tmp_path):
             load_task(bad)
 
 
-def test_load_tasks_from_a_directory_and_an_index(tmp_path):
-    for domain, task_id in (("chrome", "a1"), ("gimp", "b2")):
-        (tmp_path / domain).mkdir()
-        (tmp_path / domain / f"{task_id}.json").write_text(json.dumps({**INFEASIBLE_TASK, "id": task_id}))
-    assert [t["id"] for t in load_tasks(tmp_path)] == ["a1", "b2"]
-    index = tmp_path / "test_small.json"
-    index.write_text(json.dumps({"gimp": ["b2"]}))
-    assert [t["id"] for t in load_tasks(tmp_path, index)] == ["b2"]
-    spec = task_spec(load_tasks(tmp_path, index)[0])
+def test_task_spec_carries_the_example_whole():
+    spec = task_spec({**INFEASIBLE_TASK, "id": "b2"})
     assert (spec.task_id, spec.backend, json.loads(spec.config)["example"]["id"]) == ("osworld/b2", "osworld", "b2")
 
 
