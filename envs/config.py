@@ -64,8 +64,8 @@ class MiniWoBSlots:
 class QemuSettings:
     """Desktop VMs this host boots itself (OSWorld `provider: qemu`, envs/osworld/qemu.py): the
     image `make setup-vm` builds, KVM where it boots and QEMU's software emulation (TCG)
-    elsewhere, user-mode networking with the guest's port 5000 forwarded to a loopback
-    port, and a memory + disk snapshot taken once the desktop answers, which every reset
+    elsewhere, user-mode networking with the guest's ports 5000 and 9222 forwarded to
+    loopback ports, and a memory + disk snapshot taken once the desktop answers, which every reset
     restores. `host_memory_mib` bounds what this server's VMs may take together (guest
     memory plus `overhead_mib` each): a config asking for more is refused, and a VM does
     not start while the host has less memory available than it needs."""

@@ -37,7 +37,6 @@ import re
 import shutil
 import tempfile
 import time
-import urllib.error
 import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
@@ -50,7 +49,7 @@ from PIL import Image
 from dart_jax.wire import paths
 from envs import dom
 from envs.config import OSWorldSlots
-from envs.osworld import evaluation
+from envs.osworld import evaluation, httpcall
 from envs.osworld.checkout import Checkout, load_task
 from envs.osworld.files import FileCache, task_urls
 from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
@@ -225,17 +224,11 @@ class VMClient:
         request = urllib.request.Request(self.url + path, data=body, method=method,
                                          headers={"Content-Type": content_type} if body is not None else {})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                data = response.read(MAX_REPLY_BYTES + 1)
-        except urllib.error.HTTPError as e:
+            return httpcall.call(request, self.timeout_s, MAX_REPLY_BYTES)
+        except httpcall.StatusError as e:
             if e.code == 404:
                 raise _NotFound(path) from None
-            raise EnvError(f"{method} {self.url}{path} failed: HTTP {e.code}: {e.read(500)!r}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise EnvError(f"{method} {self.url}{path} failed: {e}") from None
-        if len(data) > MAX_REPLY_BYTES:
-            raise EnvError(f"{method} {self.url}{path}: answer over {MAX_REPLY_BYTES} bytes")
-        return data
+            raise
 
 
 class _NotFound(EnvError):
@@ -382,7 +375,13 @@ class OSWorldEnv:
 
     def _runner(self) -> evaluation.Runner:
         return evaluation.Runner(self.vm, (self.spec.screen_width, self.spec.screen_height), self.cache,
-                                   self.spec.task_dir)
+                                   self.spec.task_dir, self.files, self._devtools_url())
+
+    def _devtools_url(self) -> str:
+        """The guest browser's DevTools port: forwarded by QEMU, or port 9222 of a remote VM."""
+        if self.machine is not None:
+            return self.machine.devtools_url
+        return f"http://{urlsplit(self.vm.url).hostname}:9222" if self.vm is not None else ""
 
     def _observe(self) -> Observation:
         return self._observation(self.vm.screenshot(), self.vm.accessibility() if self.spec.accessibility_tree else "")

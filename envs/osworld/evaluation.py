@@ -5,9 +5,14 @@ so a host without it still runs OSWorld-format tasks whose steps and evaluator l
 subset, with the official semantics:
 
 - setup steps (`config`, and the evaluator's `postconfig`): execute / command (with
-  `until`), execute_with_verification, launch, sleep, open, activate_window, close_window,
-  upload_file (local files confined to the slots' task_dir);
-- result / expected getters: vm_command_line, vm_command_error, vm_file, rule;
+  `until`, and `stdout` / `stderr` kept as files of the episode's cache for `cache_file`),
+  execute_with_verification, launch, sleep, open, activate_window, close_window,
+  upload_file (local files confined to the slots' task_dir), download (the file from the
+  host's file cache, envs/osworld/files.py, pushed through the VM's `/setup/upload`, as
+  OSWorld does), chrome_open_tabs / chrome_close_tabs (over the browser's DevTools port,
+  from the host: envs/osworld/cdp.py);
+- result / expected getters: vm_command_line, vm_command_error, vm_file, rule, cloud_file
+  (from the file cache), cache_file (a file of the episode's cache);
 - metrics: exact_match, check_include_exclude, literal_match, is_in_list, infeasible;
   several metrics combine with `conj` and / or.
 
@@ -23,12 +28,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dart_jax.wire import paths
+from envs.osworld.cdp import DevTools, same_url
+from envs.osworld.checkout import NAME
+from envs.osworld.files import FileCache
 from envs.types import EnvError, TaskError
 
 SETUP_STEPS = {"execute", "command", "execute_with_verification", "launch", "sleep", "open",
-               "activate_window", "close_window", "upload_file"}
-GETTERS = {"vm_command_line", "vm_command_error", "vm_file", "rule"}
+               "activate_window", "close_window", "upload_file", "download", "chrome_open_tabs",
+               "chrome_close_tabs"}
+GETTERS = {"vm_command_line", "vm_command_error", "vm_file", "rule", "cloud_file", "cache_file"}
 _UNTIL_TRIES, _UNTIL_PAUSE_S = 100, 0.3
+BROWSER_WAIT_S = 60.0  # a browser the task's setup launched takes this long at most to answer
 
 
 def unsupported(example: dict) -> list[str]:
@@ -51,9 +61,9 @@ class Runner:
     """Runs setup steps and evaluators against one VM's server (an `envs.osworld.env.VMClient`)."""
 
     def __init__(self, vm: Any, screen: tuple[int, int], cache_dir: Path, task_dir: str,
-                 client_password: str = "password"):
+                 files: FileCache | None = None, devtools_url: str = "", client_password: str = "password"):
         self.vm, self.screen, self.cache_dir, self.task_dir = vm, screen, cache_dir, task_dir
-        self.client_password = client_password
+        self.files, self.devtools_url, self.client_password = files, devtools_url, client_password
 
     # ---- setup ------------------------------------------------------------------------
 
@@ -72,6 +82,9 @@ class Runner:
         command = self._placeholders(command)
         for _ in range(_UNTIL_TRIES if until else 1):
             result = self.vm.post_json("/setup/execute", {"command": command, "shell": shell})
+            for name, key in ((stdout, "output"), (stderr, "error")):
+                if name:
+                    self._cache_path(name).write_text(str(result.get(key) or ""))
             if not until or _until_met(until, result):
                 return
             time.sleep(_UNTIL_PAUSE_S)
@@ -115,6 +128,44 @@ class Runner:
                 raise TaskError(str(e)) from None
             self.vm.upload(local.read_bytes(), f["path"])
 
+    def _download(self, files: list[dict]) -> None:
+        if self.files is None:
+            raise TaskError("download needs the slots' file_cache on this env host")
+        for f in files:
+            self.vm.upload(self.files.read(f["url"]), f["path"])
+
+    def _chrome_open_tabs(self, urls_to_open: list[str]) -> None:
+        """Each URL in a new tab; the tab that was open before goes once the first is
+        open (OSWorld's semantics)."""
+        browser = self._browser()
+        before = browser.tabs()
+        for i, url in enumerate(urls_to_open):
+            browser.open(str(url))
+            if i == 0 and before:
+                browser.close(before[0]["id"])
+
+    def _chrome_close_tabs(self, urls_to_close: list[str]) -> None:
+        """For each URL, the first tab showing it (compared as OSWorld compares URLs)."""
+        browser = self._browser()
+        for url in urls_to_close:
+            tab = next((t for t in browser.tabs() if same_url(t["url"], str(url))), None)
+            if tab is not None:
+                browser.close(tab["id"])
+
+    def _browser(self) -> DevTools:
+        if not self.devtools_url:
+            raise TaskError("the chrome_* setup steps need the browser's DevTools port (provider qemu or remote)")
+        browser = DevTools(self.devtools_url)
+        browser.wait(BROWSER_WAIT_S)
+        return browser
+
+    def _cache_path(self, name: object) -> Path:
+        """A file of the episode's cache, by a plain name (it comes from the task JSON)."""
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise TaskError(f"cache file name {str(name)[:100]!r} is not a plain name")
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        return self.cache_dir / name
+
     def _placeholders(self, command):
         width, height = self.screen
         values = {"{CLIENT_PASSWORD}": self.client_password, "{SCREEN_WIDTH_HALF}": str(width // 2),
@@ -155,6 +206,11 @@ class Runner:
         kind = getter["type"]
         if kind == "rule":
             return getter["rules"]
+        if kind == "cache_file":
+            path = self._cache_path(getter["path"])
+            return str(path) if path.is_file() else None
+        if kind == "cloud_file":
+            return self._cloud_file(getter)
         if kind in ("vm_command_line", "vm_command_error"):
             reply = self.vm.post_json("/execute", {"command": getter["command"], "shell": getter.get("shell", False)})
             return reply.get("output" if kind == "vm_command_line" else "error")
@@ -165,6 +221,25 @@ class Runner:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         return str(target)
+
+
+    def _cloud_file(self, getter: dict) -> str | list[str]:
+        """The expected file(s) from the file cache, written under their `dest` names;
+        `multi` takes lists, `gives` picks which paths the metric gets (OSWorld's getter)."""
+        if self.files is None:
+            raise TaskError("cloud_file needs the slots' file_cache on this env host")
+        multi = getter.get("multi", False)
+        urls, dests = (getter["path"], getter["dest"]) if multi else ([getter["path"]], [getter["dest"]])
+        if not (isinstance(urls, list) and isinstance(dests, list) and len(urls) == len(dests)):
+            raise TaskError("cloud_file: path and dest must be lists of one length with multi")
+        gives = set(getter.get("gives", [0]))
+        out = []
+        for i, (url, dest) in enumerate(zip(urls, dests)):
+            path = self._cache_path(dest)
+            path.write_bytes(self.files.read(url))
+            if i in gives:
+                out.append(str(path))
+        return out[0] if len(out) == 1 else out
 
 
 def _until_met(until: dict, result: dict) -> bool:

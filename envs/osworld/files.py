@@ -56,7 +56,8 @@ def task_urls(example: dict) -> list[str]:
         if isinstance(step, dict) and step.get("type") == "download":
             files = (step.get("parameters") or {}).get("files")
             if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
-                raise FileCacheError(f"OSWorld task {example.get('id')}: a download step's files must be a list of objects")
+                raise FileCacheError(f"OSWorld task {example.get('id')}: a download step's files must be "
+                                     "a list of objects")
             urls += [f.get("url") for f in files]
     for role in ("result", "expected"):
         getters = evaluator.get(role)

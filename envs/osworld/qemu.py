@@ -4,6 +4,7 @@
     vm.start()          # loads a booted desktop, waits for the in-VM server on port 5000,
                         # then snapshots memory + disk ("ready")
     vm.url              # http://127.0.0.1:PORT, the guest's port 5000 (user networking)
+    vm.devtools_url     # http://127.0.0.1:PORT2, the guest's 9222 (the browser's DevTools)
     vm.restore()        # back to the ready snapshot (QMP/HMP loadvm): the reset
     vm.kill()           # SIGKILL of QEMU's process group, files removed
 
@@ -13,10 +14,10 @@ the first VM boots the image cold until its server answers, stops, and saves its
 VM starts by loading that state (`-incoming`, seconds) on its own overlay over that layer.
 Each VM writes only to its overlay, so any number of VMs share the read-only image. The
 ready snapshot lives in the overlay (`savevm`), so a restore brings back the disk and
-memory as they were when the VM started. The guest's
-network is restricted (QEMU's `restrict=on`): it reaches nothing, the host reaches its
-server through the forwarded port. QEMU runs in its own process group, registered with
-envs.reaper, so it dies with the env server whatever kills that.
+memory as they were when the VM started. The guest's network is restricted (QEMU's
+`restrict=on`): it reaches nothing, the host reaches its server and its browser's DevTools
+through the forwarded ports (loopback only). QEMU runs in its own process group,
+registered with envs.reaper, so it dies with the env server whatever kills that.
 
 Acceleration: KVM where /dev/kvm opens (`accel: auto` or `kvm`), QEMU's software emulation
 (TCG) elsewhere; docs/desktop-vms.md has what KVM did on these (nested-virtualization) machines.
@@ -146,13 +147,18 @@ class QemuVM:
         self.image = vm_image.locate(settings.image_dir)
         self.accel = choose_accel(settings.accel, self.image)
         self.process: subprocess.Popen | None = None
-        self.port = 0
+        self.port = self.devtools_port = 0  # loopback ports of the guest's 5000 and 9222
         self.dir: Path | None = None
         self.start_s = self.cold_boot_s = self.snapshot_s = self.loadvm_s = 0.0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def devtools_url(self) -> str:
+        """The guest browser's DevTools port (9222 in the guest), forwarded to loopback."""
+        return f"http://127.0.0.1:{self.devtools_port}"
 
     @property
     def console(self) -> Path:
@@ -261,7 +267,7 @@ class QemuVM:
 
     def _launch(self, overlay: Path, incoming: Path | None) -> None:
         for attempt in range(3):  # a port taken between choosing and binding: choose again
-            self.port = free_port()
+            self.port, self.devtools_port = free_port(), free_port()
             command = self.command(overlay, incoming)
             self.process = process_groups.spawn(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                 stderr=open(self.dir / "qemu.err", "wb"))
@@ -286,7 +292,8 @@ class QemuVM:
                 "-m", str(s.memory_mib), "-smp", str(s.cpus), "-append", self._kernel_command_line(),
                 "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
                 "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
-                "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-:5000",
+                "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-:5000"
+                f",hostfwd=tcp:127.0.0.1:{self.devtools_port}-:9222",
                 "-serial", f"file:{self.console}", "-qmp", f"unix:{self.dir / 'qmp.sock'},server=on,wait=off",
                 *(["-incoming", f"exec:cat {shlex.quote(str(incoming))}"] if incoming else [])]
 

@@ -40,7 +40,8 @@ def checkout(tmp_path):
     for domain, examples in TASKS.items():
         (root / "evaluation_examples" / "examples" / domain).mkdir(parents=True)
         for example in examples:
-            (root / "evaluation_examples" / "examples" / domain / f"{example['id']}.json").write_text(json.dumps(example))
+            path = root / "evaluation_examples" / "examples" / domain / f"{example['id']}.json"
+            path.write_text(json.dumps(example))
     index = {domain: [e["id"] for e in examples] for domain, examples in TASKS.items()}
     (root / "evaluation_examples" / "test_all.json").write_text(json.dumps(index))
     (root / "evaluation_examples" / "test_small.json").write_text(json.dumps({"os": ["os-runs"]}))
@@ -62,7 +63,8 @@ def test_the_listing_says_per_image_what_runs_and_why_not(checkout):
                                                                      "multi_apps/multi-calc"}
     table = catalog.table(small).splitlines()
     assert table[0].startswith("| domain | tasks | runs offline | google account | live web | missing app |")
-    assert "| os | 2 | 1 | 0 | 0 | 0 | 1 | 0 | 0 |" in table and table[-1].startswith("| total | 6 | 1 | 1 | 1 | 2 | 1 |")
+    assert "| os | 2 | 1 | 0 | 0 | 0 | 1 | 0 | 0 |" in table
+    assert table[-1].startswith("| total | 6 | 1 | 1 | 1 | 2 | 1 |")
 
 
 def test_the_split_is_by_id_hash_and_written_as_osworld_indexes_and_task_specs(checkout, tmp_path):
@@ -75,7 +77,8 @@ def test_the_split_is_by_id_hash_and_written_as_osworld_indexes_and_task_specs(c
     for side in (train, held):
         for ids in side.values():
             assert all(catalog.held_out(i, 0.5) == (side is held) for i in ids)
-    specs = [msgspec.json.decode(line, type=TaskSpec) for line in (tmp_path / "split" / "tasks.jsonl").read_bytes().splitlines()]
+    lines = (tmp_path / "split" / "tasks.jsonl").read_bytes().splitlines()
+    specs = [msgspec.json.decode(line, type=TaskSpec) for line in lines]
     assert sorted(f"{json.loads(s.config)['domain']}/{s.name}" for s in specs) == runs
     assert sorted(s.task_id for s in specs) == [f"osworld/{name}" for name in runs]
     assert all((s.split == "eval") == catalog.held_out(s.name, 0.5) for s in specs)

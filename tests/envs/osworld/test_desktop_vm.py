@@ -202,6 +202,6 @@ def test_setup_steps_and_evaluators_against_a_fake_vm(tmp_path):
                                                                              "path": "/tmp/x"}]}}])
     finally:
         vm.close()
-    assert evaluation.unsupported({"evaluator": {"func": "compare_pptx_files", "result": {"type": "cloud_file"}},
-                                     "config": [{"type": "download"}]}) == \
-        ["setup step 'download'", "metric 'compare_pptx_files'", "result getter 'cloud_file'"]
+    assert evaluation.unsupported({"evaluator": {"func": "compare_pptx_files", "result": {"type": "vlc_config"}},
+                                     "config": [{"type": "download"}, {"type": "googledrive"}]}) == \
+        ["setup step 'googledrive'", "metric 'compare_pptx_files'", "result getter 'vlc_config'"]

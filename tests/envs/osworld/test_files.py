@@ -108,7 +108,8 @@ def test_task_urls_reads_download_steps_and_cloud_files():
                                   "https://h/2"]
     for bad in ("file:///etc/passwd", "/etc/passwd", 7, "https://h/\nx", "https://" + "a" * files.MAX_URL_CHARS):
         with pytest.raises(FileCacheError, match="http"):
-            task_urls({"id": "t", "config": [{"type": "download", "parameters": {"files": [{"url": bad, "path": "/p"}]}}],
-                       "evaluator": {}})
+            task_urls({"id": "t", "evaluator": {},
+                       "config": [{"type": "download", "parameters": {"files": [{"url": bad, "path": "/p"}]}}]})
     with pytest.raises(FileCacheError, match="list of objects"):
-        task_urls({"id": "t", "config": [{"type": "download", "parameters": {"files": "https://h/a"}}], "evaluator": {}})
+        task_urls({"id": "t", "evaluator": {},
+                   "config": [{"type": "download", "parameters": {"files": "https://h/a"}}]})
