@@ -5,7 +5,7 @@ CONFIG ?= configs/local.yaml
 RUN_NAME ?= local-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vm test test-fast run clean
+.PHONY: setup setup-vm setup-vm-osworld test test-fast run clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,11 @@ setup:
 # An explicit rule: it wins over the setup-% pattern below.
 setup-vm: setup
 	@bash scripts/build_vm_image.sh
+
+# The `osworld` image: the desktop image plus OSWorld's applications from Debian
+# (scripts/vm_image/); much larger, and not built by `make test`.
+setup-vm-osworld: setup
+	@bash scripts/build_vm_image.sh osworld
 
 test: setup setup-vm
 	@bash scripts/test.sh $(PYTEST_ARGS)

@@ -70,6 +70,7 @@ class QemuSettings:
     memory plus `overhead_mib` each): a config asking for more is refused, and a VM does
     not start while the host has less memory available than it needs."""
     image_dir: str = ""  # empty: the image built from this checkout's sources (envs/osworld/image.py)
+    image: Literal["desktop", "osworld"] = "desktop"  # the build target (osworld: make setup-vm-osworld)
     accel: Literal["auto", "kvm", "tcg"] = "auto"  # auto: KVM when /dev/kvm opens, else TCG
     memory_mib: int = bounded(1024, ge=256)
     cpus: int = bounded(1, ge=1, le=64)

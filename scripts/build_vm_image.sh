@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Builds the desktop VM image that envs/osworld/qemu.py boots (`make setup-vm`; idempotent).
+#   scripts/build_vm_image.sh [desktop|osworld] [--key]
 #
 # Debian bookworm from Debian's packages (mmdebstrap): a kernel, systemd, Xvfb as the X
 # server, the openbox window manager, Mousepad (text editor), xterm (terminal), PCManFM
@@ -7,15 +8,31 @@
 # (envs/osworld/guest/osworld_server.py with pyautogui from PyPI) started at boot as user `user`
 # (password `password`, as OSWorld's images). Output, in a folder named by the hash of
 # this script and envs/osworld/guest/ (so a change to either rebuilds and nothing stale is used):
-#   $DART_VM_DIR/desktop-<key>/{desktop.qcow2, vmlinuz, initrd.img, manifest.json}
+#   $DART_VM_DIR/<target>-<key>/{desktop.qcow2, vmlinuz, initrd.img, manifest.json}
 # DART_VM_DIR defaults to ~/.cache/dart-jax/vm (shared by every checkout on the host).
+# Target `osworld` (`make setup-vm-osworld`, not built by `make test`) adds OSWorld's
+# applications and their settings (scripts/vm_image/osworld.packages, osworld-customize.sh;
+# both in its key). `--key` prints the image folder and builds nothing.
 #   DART_SKIP_APT=1   do not apt-get install the host tools (qemu, mmdebstrap)
 set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
 ROOT=${DART_VM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dart-jax/vm}
-key=$(cat scripts/build_vm_image.sh envs/osworld/guest/*.py envs/osworld/guest/*.sh | sha256sum | cut -c1-16)
-out=$ROOT/desktop-$key
+TARGET=desktop print_key=""
+for arg in "$@"; do
+  case $arg in --key) print_key=1 ;; *) TARGET=$arg ;; esac
+done
+case $TARGET in
+  desktop) extra=() ;;
+  osworld) extra=(scripts/vm_image/osworld.packages scripts/vm_image/osworld-customize.sh) ;;
+  *) echo "usage: $0 [desktop|osworld] [--key]" >&2; exit 2 ;;
+esac
+key=$(cat scripts/build_vm_image.sh envs/osworld/guest/*.py envs/osworld/guest/*.sh "${extra[@]}" \
+      | sha256sum | cut -c1-16)
+out=$ROOT/$TARGET-$key
+if [ -n "$print_key" ]; then
+  echo "$out"; exit 0
+fi
 if [ -f "$out/manifest.json" ]; then
   echo "setup-vm: image up to date ($out)"; exit 0
 fi
@@ -36,6 +53,12 @@ GUEST_PACKAGES=(
   mousepad xterm pcmanfm
   at-spi2-core python3-pyatspi python3 python-is-python3 python3-flask python3-xlib python3-pil python3-tk
 )
+hooks=()
+if [ "$TARGET" = osworld ]; then
+  mapfile -t more < <(grep -v '^#' scripts/vm_image/osworld.packages | grep .)
+  GUEST_PACKAGES+=("${more[@]}")
+  hooks=(--customize-hook="$PWD/scripts/vm_image/osworld-customize.sh \"\$1\"")
+fi
 # pyautogui and its pure-Python helpers are not packaged by Debian: PyPI, pinned.
 PYPI_PACKAGES=(pyautogui==0.9.54 pymsgbox==1.0.9 pytweening==1.2.0 pyscreeze==1.0.1 pygetwindow==0.0.9
                pyrect==0.2.0 mouseinfo==0.1.3 pyperclip==1.9.0)
@@ -44,7 +67,7 @@ start=$(date +%s)
 mkdir -p "$ROOT"
 work=$(mktemp -d "$ROOT/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-echo "setup-vm: building the desktop image in $work"
+echo "setup-vm: building the $TARGET image in $work"
 
 PIP_CONFIG_FILE=/dev/null python3 -m pip --version >/dev/null 2>&1 && pip=(python3 -m pip) || pip=(.venv/bin/python -m pip)
 PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= "${pip[@]}" install -q --no-deps --no-compile \
@@ -104,7 +127,7 @@ mkdir -p "$work/src" && mv "$work/src-envs" "$work/src/envs" && mv "$work/pypi" 
 mmdebstrap --variant=minbase --include="$(IFS=,; echo "${GUEST_PACKAGES[*]}")" \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
-  --customize-hook="$work/customize.sh \"\$1\" $work/src" \
+  --customize-hook="$work/customize.sh \"\$1\" $work/src" "${hooks[@]}" \
   bookworm "$work/root" http://deb.debian.org/debian >"$work/mmdebstrap.log" 2>&1 \
   || { tail -30 "$work/mmdebstrap.log" >&2; exit 1; }
 
@@ -120,5 +143,5 @@ printf '{"key": "%s", "seconds": %d, "rootfs_mib": %d, "qcow2_bytes": %d}\n' "$k
   "$(stat -c %s "$stage/desktop.qcow2")" > "$stage/manifest.json"
 rm -rf "$out" && mv "$stage" "$out"
 # Older images are never used again (their key no longer matches the sources).
-find "$ROOT" -maxdepth 1 -name 'desktop-*' ! -name "desktop-$key" -exec rm -rf {} +
+find "$ROOT" -maxdepth 1 -name "$TARGET-*" ! -name "$TARGET-$key" -exec rm -rf {} +
 echo "setup-vm: built $out in ${seconds} s ($(du -sh "$out/desktop.qcow2" | cut -f1))"

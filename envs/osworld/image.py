@@ -50,21 +50,28 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dart-jax" / "vm"
 
 
-def source_key(repo: Path = REPO) -> str:
-    """The build script's key: sha256 of the script then envs/osworld/guest/*.py, *.sh (C order)."""
+# what a target adds to the desktop image, in its key (scripts/build_vm_image.sh `extra`)
+TARGET_FILES = {"desktop": (), "osworld": ("scripts/vm_image/osworld.packages", "scripts/vm_image/osworld-customize.sh")}
+
+
+def source_key(target: str = "desktop", repo: Path = REPO) -> str:
+    """The build script's key: sha256 of the script, envs/osworld/guest/*.py, *.sh (C order),
+    then the target's own files."""
     guest = repo / "envs" / "osworld" / "guest"
     files = [repo / "scripts" / "build_vm_image.sh"] + sorted(guest.glob("*.py")) + sorted(guest.glob("*.sh"))
+    files += [repo / name for name in TARGET_FILES[target]]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def locate(image_dir: str = "") -> Image:
-    """The image in `image_dir`, or the one built from this checkout's sources."""
-    folder = Path(image_dir) if image_dir else cache_root() / f"desktop-{source_key()}"
+def locate(image_dir: str = "", target: str = "desktop") -> Image:
+    """The image in `image_dir`, or the `target` image built from this checkout's sources."""
+    folder = Path(image_dir) if image_dir else cache_root() / f"{target}-{source_key(target)}"
     image = Image(folder)
     missing = [p.name for p in (image.disk, image.kernel, image.initrd, folder / "manifest.json") if not p.exists()]
     if missing:
-        raise EnvError(f"no desktop VM image in {folder} (missing {', '.join(missing)}): run `make setup-vm`")
+        build = "setup-vm" if target == "desktop" else f"setup-vm-{target}"
+        raise EnvError(f"no {target} VM image in {folder} (missing {', '.join(missing)}): run `make {build}`")
     return image

@@ -144,7 +144,7 @@ class QemuVM:
 
     def __init__(self, settings: QemuSettings, screen: tuple[int, int], name: str = "vm"):
         self.settings, self.screen, self.name = settings, screen, name
-        self.image = vm_image.locate(settings.image_dir)
+        self.image = vm_image.locate(settings.image_dir, settings.image)
         self.accel = choose_accel(settings.accel, self.image)
         self.process: subprocess.Popen | None = None
         self.port = self.devtools_port = 0  # loopback ports of the guest's 5000 and 9222

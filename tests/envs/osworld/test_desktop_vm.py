@@ -6,11 +6,12 @@ import asyncio
 import os
 import random
 import signal
+import subprocess
 
 import pytest
 
 from envs import actions, oracle
-from envs.osworld import evaluation
+from envs.osworld import evaluation, image
 from envs.osworld.env import VMClient, accessibility_lines, bundled_tasks, window_lines
 from envs.types import Action, EnvError
 
@@ -205,3 +206,11 @@ def test_setup_steps_and_evaluators_against_a_fake_vm(tmp_path):
     assert evaluation.unsupported({"evaluator": {"func": "compare_pptx_files", "result": {"type": "vlc_config"}},
                                      "config": [{"type": "download"}, {"type": "googledrive"}]}) == \
         ["setup step 'googledrive'", "metric 'compare_pptx_files'", "result getter 'vlc_config'"]
+
+
+@pytest.mark.parametrize("target", sorted(image.TARGET_FILES))
+def test_the_image_key_is_the_build_scripts(target):
+    """envs/osworld/image.py finds the folder scripts/build_vm_image.sh builds, per target."""
+    out = subprocess.run(["bash", str(image.REPO / "scripts" / "build_vm_image.sh"), target, "--key"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(image.cache_root() / f"{target}-{image.source_key(target)}")
