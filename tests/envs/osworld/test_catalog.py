@@ -139,3 +139,28 @@ def test_the_env_runs_a_checkout_task_by_domain_and_id(checkout, fake_vm):
     bare = OSWorldEnv(OSWorldSlots(provider="remote", remote_urls=(fake_vm.url,)))
     with pytest.raises(TaskError, match="osworld_dir"):
         bare.reset(Task("osworld/os/os-runs", "osworld", "os-runs", config={"domain": "os"}))
+
+
+def test_fill_then_list_with_the_cache(checkout, web, tmp_path, capsys):
+    """`fill` downloads a task's files into the cache; `list --cache` counts the task as
+    runnable once they are there, and as "file not cached" before."""
+    base, root, _ = web
+    (root / "in.txt").write_text("data")
+    example = _task("os-dl", config=[{"type": "download", "parameters": {"files": [
+        {"url": f"{base}/in.txt", "path": "/home/user/in.txt"}]}}])
+    (checkout.examples / "os" / "os-dl.json").write_text(json.dumps(example))
+    (checkout.root / "evaluation_examples" / "test_dl.json").write_text(json.dumps({"os": ["os-dl"]}))
+    cache = tmp_path / "cache"
+    args = ["list", str(checkout.root), "--index", "test_dl.json", "--cache", str(cache)]
+    assert catalog.main(args) == 0
+    assert "| os | 1 | 0 | 0 | 0 | 0 | 0 | 1 | 1 |" in capsys.readouterr().out
+    assert catalog.main(["fill", str(checkout.root), "--index", "test_dl.json", "--cache", str(cache)]) == 0
+    assert "1 of 1 files" in capsys.readouterr().out
+    assert catalog.main(args) == 0
+    assert "| os | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 1 |" in capsys.readouterr().out
+    (root / "in.txt").unlink()
+    (checkout.root / "evaluation_examples" / "test_dl.json").write_text(json.dumps({"os": ["os-dl", "os-runs"]}))
+    example["config"][0]["parameters"]["files"][0]["url"] = f"{base}/gone.txt"
+    (checkout.examples / "os" / "os-dl.json").write_text(json.dumps(example))
+    assert catalog.main(["fill", str(checkout.root), "--index", "test_dl.json", "--cache", str(cache)]) == 1
+    assert "gone.txt" in capsys.readouterr().err

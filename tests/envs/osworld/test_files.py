@@ -4,31 +4,11 @@ bytes match the manifest's sha256; hostile manifests and task JSONs are refused.
 import functools
 import hashlib
 import json
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from envs.osworld import files
 from envs.osworld.files import FileCache, FileCacheError, task_urls
-
-
-@pytest.fixture
-def web(tmp_path):
-    """A static HTTP server over tmp_path/www: (base URL, folder, the paths it served)."""
-    root = tmp_path / "www"
-    root.mkdir()
-    served = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            served.append(self.path)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", root, served
-    httpd.shutdown()
-    httpd.server_close()
 
 
 def test_fill_downloads_verifies_and_serves(web, tmp_path):
