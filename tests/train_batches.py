@@ -32,10 +32,12 @@ def examples(col: Collator, traj: Trajectory, steps=None) -> list[StepExample]:
     return build_rows(col, [traj], screens, ScreenCache(screens, col.image_cfg, 2**30), refs)
 
 
-def layout_inline(trajs: list[Trajectory], col: Collator, batch_id: int = 1, **kw) -> RLBatch:
-    """`trajs` planned as a curated batch, their screenshots taken from their own bytes."""
+def layout_inline(trajs: list[Trajectory], col: Collator, batch_id: int = 1, injected: tuple[str, ...] = (),
+                  **kw) -> RLBatch:
+    """`trajs` planned as a curated batch (`injected`: the ids the pool put in), their
+    screenshots taken from their own bytes."""
     screens = InlineScreens(trajs)
-    batch = CuratedBatch(batch_id=batch_id, trainer_version=0, trajectories=trajs,
+    batch = CuratedBatch(batch_id=batch_id, trainer_version=0, trajectories=trajs, injected=list(injected),
                          screens=[list(screens.refs(i)) for i in range(len(trajs))])
     return layout_rl_batch(batch, col, screens, shard=(0, 1), **kw)
 

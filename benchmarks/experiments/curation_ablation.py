@@ -37,7 +37,8 @@ steps of each seed's run (and whether the clock or a stall ended it, and whether
 collapsed by the run's rule, `rl_collapsed`, at which policy version), held-out success with
 its Wilson 95% interval over every seed's episodes, and its gains over SFT, over plain GRPO
 and over the row before (the piece just added), each paired over the same eval episodes
-(pairs form within a seed).
+(pairs form within a seed) with a 95% interval clustered by held-out task (a task's samples,
+in every seed, count as one cluster: eval.stats.paired_gain).
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def sampled(outcomes, seed: int) -> list:
     return [dataclasses.replace(o, task_id=f"seed{seed}/{o.task_id}") for o in outcomes if o.mode == "sampled"]
 
 
+def task_of(o) -> str:
+    """The held-out task of a `sampled` outcome, whatever the seed: a task's episodes share its
+    difficulty in every seed's runs, so they form one cluster of the gain's interval."""
+    return o.task_id.split("/", 1)[1]
+
+
 def row(label: str, outcomes: list, sft: list, plain: list | None, previous: list | None, runs: list[dict]) -> dict:
     """One configuration over its seeds: held-out success (Wilson), its gain over SFT, over plain
     GRPO and over the row before (the piece's own share), each paired over the same episodes,
@@ -124,18 +131,65 @@ def row(label: str, outcomes: list, sft: list, plain: list | None, previous: lis
     wins, n = sum(o.success for o in outcomes), len(outcomes)
     out = {"config": label, "success": wins / n, "n": n, "ci95": list(wilson(wins, n))}
     for key, base in (("gain", sft), ("over_plain", plain), ("over_previous", previous)):
-        g = paired_gain(base, outcomes) if base is not None else None
+        g = paired_gain(base, outcomes, cluster=task_of) if base is not None else None
         out[key], out[f"{key}_ci95"] = (g["gain"], g["ci95"]) if g else (None, None)
     return out | {"runs": runs}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """Every configuration's runs over the seeds: sampled outcomes pooled (task ids named by
+    seed: `sampled`), per-seed run facts, and each run's directory."""
+    sft: list
+    outcomes: list[list]
+    runs: list[list[dict]]
+    dirs: list[list[Path]]
+
+
+def run_configs(config: Path, root: Path, seeds: list[int], sft_runs: list[Path],
+                configs: list[tuple[str, list[str]]], prefix: str, budget: list[str]) -> Done:
+    """Per seed: the SFT base (a run of phases [demos, sft, eval], or the `sft_runs` one),
+    then each configuration's run of phases [rl, eval] from it, named PREFIX-i-seedS under
+    `root`; one that finished there before is taken as it is (resume). `budget`: the RL
+    budget overrides every configuration shares."""
+    sft: list = []
+    done = Done(sft, [[] for _ in configs], [[] for _ in configs], [[] for _ in configs])
+    for k, seed in enumerate(seeds):
+        tag = f"run.seed={seed}"
+        if sft_runs:
+            base_dir, base = sft_runs[k], sft_summary(sft_runs[k])
+        else:
+            base_dir = root / f"sft-seed{seed}"
+            base = finished_sft(base_dir) or one_run(config, root, f"sft-seed{seed}", [tag, "run.phases=[demos, sft, eval]"])
+        sft += sampled(load_outcomes(base_dir / "eval" / "sft.json"), seed)
+        common = [tag, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", *budget,
+                  f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
+        for i, (_, overrides) in enumerate(configs):
+            name = f"{prefix}-{i}-seed{seed}"
+            summary = finished(root / name) or one_run(config, root, name, [*common, *overrides])
+            done.outcomes[i].extend(sampled(load_outcomes(root / name / "eval" / "rl.json"), seed))
+            done.dirs[i].append(root / name)
+            done.runs[i].append({"seed": seed, "rl_steps": summary["rl_steps"], "stalled": summary["rl_stalled"],
+                                 "out_of_time": summary["rl_out_of_time"], "collapsed": summary["rl_collapsed"],
+                                 "collapsed_version": summary["rl_collapsed_version"]})
+    return done
+
+
+def finished_sft(run_dir: Path) -> dict | None:
+    """The summary of an SFT base run that finished (resume), or None."""
+    try:
+        return sft_summary(run_dir)
+    except SystemExit:
+        return None
+
+
+def add_arguments(ap: argparse.ArgumentParser, config: str, seeds: list[int]) -> None:
+    """The command line the ablation and the curation benchmark share."""
+    ap.add_argument("--config", type=Path, default=Path(config))
     ap.add_argument("--steps", type=int, help="trainer steps per configuration (default: the config's trainer.steps)")
     ap.add_argument("--max-seconds", type=float, help="the RL phase's wall-clock budget per configuration "
                     "(default: the config's trainer.max_seconds; 0: none)")
-    ap.add_argument("--seed", type=int, nargs="+", default=[1], help="run.seed of every run; several: "
+    ap.add_argument("--seed", type=int, nargs="+", default=seeds, help="run.seed of every run; several: "
                     "every configuration once per seed, the rows pooled over them")
     ap.add_argument("--sft-run", type=Path, action="append", default=[], help="a finished run of the same "
                     "config and seed whose demos, SFT policy and SFT evaluation every configuration starts from "
@@ -143,42 +197,45 @@ def main() -> None:
     ap.add_argument("--batch-wait-s", type=float, default=300.0, help="a configuration whose trainer waits "
                     "this long for one batch stops there (its row says stalled)")
     ap.add_argument("--work", default=None, help="where the runs go; finished ones there are not run again")
-    args = ap.parse_args()
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    root: Path
+    cfg: RunConfig
+    steps: int
+    budget: float | None  # the RL phase's seconds (None: no clock)
+
+    def overrides(self, batch_wait_s: float) -> list[str]:
+        return [f"trainer.steps={self.steps}", f"trainer.batch_wait_s={batch_wait_s}",
+                f"trainer.max_seconds={'null' if self.budget is None else self.budget}"]
+
+
+def setup(ap: argparse.ArgumentParser, args: argparse.Namespace, prefix: str) -> Setup:
+    """Checks the shared arguments, makes SIGTERM unwind the runs, and resolves the budget."""
     if args.sft_run and len(args.sft_run) != len(args.seed):
         ap.error(f"--sft-run given {len(args.sft_run)} times for {len(args.seed)} seeds")
     stop_on_sigterm()  # killed, its runs' roles go with it (a stalled configuration is killed by hand)
-    root = Path(args.work or tempfile.mkdtemp(prefix="bench_ablation_"))
+    root = Path(args.work or tempfile.mkdtemp(prefix=prefix))
     cfg = load(RunConfig, args.config, [f"run.seed={args.seed[0]}"])
-    steps = args.steps or cfg.trainer.steps
     budget = cfg.trainer.max_seconds if args.max_seconds is None else (args.max_seconds or None)
+    return Setup(root, cfg, args.steps or cfg.trainer.steps, budget)
 
-    sft: list = []
-    outcomes: list[list] = [[] for _ in PIECES]
-    runs: list[list[dict]] = [[] for _ in PIECES]
-    for k, seed in enumerate(args.seed):
-        tag = f"run.seed={seed}"
-        if args.sft_run:
-            base_dir, base = args.sft_run[k], sft_summary(args.sft_run[k])
-        else:
-            base_dir, base = root / f"sft-seed{seed}", one_run(args.config, root, f"sft-seed{seed}",
-                                                               [tag, "run.phases=[demos, sft, eval]"])
-        sft += sampled(load_outcomes(base_dir / "eval" / "sft.json"), seed)
-        common = [tag, "run.phases=[rl, eval]", f"policy.hf_dir={base['sft_export']}", f"trainer.steps={steps}",
-                  f"trainer.batch_wait_s={args.batch_wait_s}", f"trainer.max_seconds={'null' if budget is None else budget}",
-                  f"data.pool.import_paths=[{(base_dir / 'data' / 'demos').resolve()}]"]
-        for i, (label, on) in enumerate(PIECES):
-            name = f"ablation-{i}-seed{seed}"
-            summary = finished(root / name) or one_run(args.config, root, name, [*common, *variant(cfg, on)])
-            outcomes[i] += sampled(load_outcomes(root / name / "eval" / "rl.json"), seed)
-            runs[i].append({"seed": seed, "rl_steps": summary["rl_steps"], "stalled": summary["rl_stalled"],
-                            "out_of_time": summary["rl_out_of_time"], "collapsed": summary["rl_collapsed"],
-                            "collapsed_version": summary["rl_collapsed_version"]})
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(ap, "configs/local.yaml", [1])
+    args = ap.parse_args()
+    s = setup(ap, args, "bench_ablation_")
+    configs = [(label, variant(s.cfg, on)) for label, on in PIECES]
+    done = run_configs(args.config, s.root, args.seed, args.sft_run, configs, "ablation", s.overrides(args.batch_wait_s))
+    sft, outcomes, runs = done.sft, done.outcomes, done.runs
     rows = [row("SFT only", sft, sft, None, None, [])]
     rows += [row(label, outcomes[i], sft, outcomes[0] if i else None, outcomes[i - 1] if i else None, runs[i])
              for i, (label, _) in enumerate(PIECES)]
     print(table(rows))
-    print(json.dumps({"benchmark": "curation_ablation", "config": str(args.config), "rl_steps": steps,
-                      "rl_max_seconds": budget, "seeds": args.seed, "rows": rows, "work": str(root),
+    print(json.dumps({"benchmark": "curation_ablation", "config": str(args.config), "rl_steps": s.steps,
+                      "rl_max_seconds": s.budget, "seeds": args.seed, "rows": rows, "work": str(s.root),
                       "machine": machine()}))
 
 

@@ -1,20 +1,21 @@
 """The learning proof, run after run: `make run`'s configuration N times in a row, each a real
 `dart-jax run` (demos, SFT, eval, RL, eval), and how many meet the bar.
 
-    .venv/bin/python -m benchmarks.experiments.learning_sweep [--runs N] [--seed S] [--config configs/local.yaml]
-                                                  [--work DIR] [--set KEY=VALUE ...]
+    .venv/bin/python -m benchmarks.experiments.learning_sweep [--runs N] [--seed S | --first-seed S]
+                                                  [--config configs/local.yaml] [--work DIR] [--set KEY=VALUE ...]
 
-Run i has run.seed = i (seeds 0..N-1), or `--seed S` for N repeats of one seed (an
-asynchronous run is not deterministic: a repeat is another draw). `--set` adds a dotted
+Run i has run.seed = i (seeds 0..N-1), or first-seed + i (`--first-seed S`: fresh seeds), or
+`--seed S` for N repeats of one seed (an asynchronous run is not deterministic: a repeat is
+another draw). `--set` adds a dotted
 override to every run. Per run it prints SFT's and RL's held-out success (sampled), the gain
-and its paired 95% interval, the lowest training-rollout success (the mean of the last 256
+and its paired 95% interval (clustered by held-out task), the lowest training-rollout success (the mean of the last 256
 train rollouts, dart_jax/observe/learning.py) after it first reached the SFT policy's
-held-out success, whether training collapsed by the run's rule (`rl_collapsed`: that success
-fell below half of its best) and at which policy version, and the wall time; then the pass
-rate and a JSON line.
+held-out success, whether training collapsed by the run's rule (`rl_collapsed`: a window fell
+35% below its best, or the last two versions' rollouts below half of it; observe/learning.py)
+and at which policy version, and the wall time; then the pass rate and a JSON line.
 
-The bar (issue 30): heldout_gain >= 0.20, the interval's low end > 0, SFT success within
-0.05..0.70, and the run under 20 minutes. Collapses are counted beside it.
+The bar (issues 30, 42): heldout_gain >= 0.20, the interval's low end > 0, SFT success within
+0.05..0.70, no collapse, and the run under 20 minutes.
 """
 
 from __future__ import annotations
@@ -60,15 +61,15 @@ class Row:
     meets_bar: bool
 
 
-def seeds(runs: int, seed: int | None) -> list[int]:
-    """0..runs-1, or `seed` repeated `runs` times."""
-    return [seed] * runs if seed is not None else list(range(runs))
+def seeds(runs: int, seed: int | None, first: int = 0) -> list[int]:
+    """first..first+runs-1, or `seed` repeated `runs` times."""
+    return [seed] * runs if seed is not None else list(range(first, first + runs))
 
 
 def row(name: str, seed: int, summary: dict, low_after_sft: float | None, wall_s: float, bar: Bar = Bar()) -> Row:
     sft, gain, ci = summary["heldout_success_sft"], summary["heldout_gain"], tuple(summary["heldout_gain_ci95"])
     meets = (gain >= bar.min_gain and ci[0] > 0 and bar.sft_range[0] <= sft <= bar.sft_range[1]
-             and wall_s < bar.max_wall_s)
+             and not summary["rl_collapsed"] and wall_s < bar.max_wall_s)
     return Row(name, seed, sft, summary["heldout_success_rl"], gain, ci, low_after_sft, summary["rl_collapsed"],
                summary["rl_collapsed_version"], summary["rl_steps"], round(wall_s, 1), meets)
 
@@ -144,6 +145,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--seed", type=int, help="repeat this seed --runs times (default: seeds 0..runs-1)")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first..first+runs-1 (fresh seeds)")
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     ap.add_argument("--work", default=None)
@@ -153,7 +155,7 @@ def main() -> None:
     stop_on_sigterm()  # killed, its runs' roles go with it
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_sweep_")).resolve()
     db_path = load(RunConfig, args.config, args.set).data.store.db_path
-    rows = sweep(args.config, root, seeds(args.runs, args.seed), args.set, db_path=db_path)
+    rows = sweep(args.config, root, seeds(args.runs, args.seed, args.first_seed), args.set, db_path=db_path)
     print(table(rows))
     print(json.dumps(report(rows, args.config, args.set, root)))
 

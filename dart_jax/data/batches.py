@@ -16,7 +16,7 @@ import threading
 
 from dart_jax.data import curation
 from dart_jax.data.config import CurationConfig
-from dart_jax.data.scheduler import Scheduler
+from dart_jax.data.scheduler import Scheduler, scheduled_tasks
 from dart_jax.data.store import ConflictError, Store
 from dart_jax.wire.messages import BatchRequest, CuratedBatch, NoBatch, ScreenshotRequest, Screenshots
 
@@ -50,7 +50,7 @@ class BatchAssembler:
         need = {t: curation.rollout_count(curation.success_rate(
             self.store.recent_outcomes(t, cfg.success_window)), cfg) for t in fresh}
         pool = {t: self._pool(t) for t, recs in fresh.items() if not any(r.success for r in recs)}
-        wanted = min(cfg.tasks_per_batch, len(self.store.tasks("train")))
+        wanted = min(cfg.tasks_per_batch, len(scheduled_tasks(self.store, cfg)))
         if wanted == 0:
             return "no training tasks in this run"
         groups = curation.select_groups(fresh, pool, need, wanted, cfg)

@@ -66,6 +66,10 @@ class CurationConfig:
     # ... nor while the whole run has this many that a batch can take (0: no such cap):
     # back-pressure for many tasks and a trainer slower than the fleet (a few shared CPU cores)
     max_pending: int = bounded(0, ge=0)
+    # A fixed task set visited again and again (DART's regime): only train tasks with seed <
+    # rl_seeds are handed out to rollouts and batched; the other train seeds still give the
+    # demos phase its demonstrations. 0: every train task (a run then rarely revisits one).
+    rl_seeds: int = bounded(0, ge=0)
     assignment_timeout_s: float = bounded(900.0, gt=0)  # an in-flight rollout counts this long
     worker_timeout_s: float = bounded(30.0, gt=0)  # a silent worker's assignments return after this
 

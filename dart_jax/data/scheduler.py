@@ -1,6 +1,6 @@
 """Task scheduling for rollout workers: which training task next, how many rollouts, how long.
 
-The next task is the training task with the fewest rollouts pending (in flight on some
+The next task is the training task (of the fixed set, with `rl_seeds`) with the fewest rollouts pending (in flight on some
 worker, or stored unused within the staleness bound), ties broken by the longest time
 since it was last handed out, then by task-list order. Its rollout count comes from its
 recent success rate and its step limit from its successes' lengths (`curation`). While
@@ -31,6 +31,11 @@ from dart_jax.data.store import Store
 from dart_jax.wire.messages import NoTask, TaskAssignment, TaskSpec
 
 
+def scheduled_tasks(store: Store, cfg: CurationConfig) -> list[TaskSpec]:
+    """The train tasks rollouts are made of: all, or those with seed < `cfg.rl_seeds`."""
+    return [t for t in store.tasks("train") if not cfg.rl_seeds or t.seed < cfg.rl_seeds]
+
+
 @dataclasses.dataclass
 class Assignment:
     id: str
@@ -52,7 +57,7 @@ class Scheduler:
     def __init__(self, store: Store, cfg: CurationConfig, clock=time.monotonic, mode: str = "async"):
         self.store, self.cfg, self.clock, self.mode = store, cfg, clock, mode
         self.round = Round(0, [])
-        self.tasks: list[TaskSpec] = store.tasks("train")
+        self.tasks: list[TaskSpec] = scheduled_tasks(store, cfg)
         self._assignments: dict[str, Assignment] = {}
         self._sessions: dict[str, tuple[str, float]] = {}  # worker_id -> (session, last seen)
         self._last: dict[str, float] = {t.task_id: -1.0 for t in self.tasks}

@@ -1,7 +1,8 @@
 """Held-out success as numbers: episode outcomes, Wilson intervals, paired gains, the table.
 
 `paired_gain` compares two evaluations of the same episodes (same task, mode and sample
-index: the same seeds) with a paired interval over their outcomes.
+index: the same seeds) with a paired interval clustered by task (a task's samples are not
+independent draws).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+from scipy.stats import t as student_t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,17 +40,37 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, center - half), min(1.0, center + half)
 
 
-def paired_gain(before: Sequence[Outcome], after: Sequence[Outcome], z: float = 1.96) -> dict:
+def paired_gain(before: Sequence[Outcome], after: Sequence[Outcome],
+                cluster: Callable[[Outcome], str] = lambda o: o.task_id) -> dict:
     """Mean success difference over the episodes both evaluations played (same task, mode
-    and sample index: the same seeds), with its normal interval mean ± z·sd/sqrt(n)."""
+    and sample index: the same seeds), with a task-clustered 95% interval.
+
+    The samples of one task share its difficulty, so they are not independent draws: the
+    episodes are clustered by (`cluster`: the task by default, mode), C clusters with
+    difference sums S_c over n_c pairs,
+
+        gain = sum_c S_c / sum_c n_c
+        se²  = C / (C - 1) · sum_c (S_c - gain · n_c)² / (sum_c n_c)²     (cluster-robust)
+        ci95 = gain ± t_{C-1, 0.975} · se
+
+    With equal cluster sizes this is the t-interval on the per-task mean differences. One
+    cluster gives no interval width (C - 1 = 0): ValueError.
+    """
     old = {(o.task_id, o.mode, o.sample): o.success for o in before}
-    d = [float(o.success) - float(old[k]) for o in after if (k := (o.task_id, o.mode, o.sample)) in old]
-    if not d:
+    sums: dict[tuple[str, str], list[float]] = {}
+    for o in after:
+        if (k := (o.task_id, o.mode, o.sample)) in old:
+            sums.setdefault((cluster(o), o.mode), []).append(float(o.success) - float(old[k]))
+    if not sums:
         raise ValueError("the two evaluations share no episode")
-    mean = sum(d) / len(d)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1))
-    half = z * sd / math.sqrt(len(d))
-    return {"gain": mean, "ci95": [mean - half, mean + half], "n": len(d)}
+    if len(sums) < 2:
+        raise ValueError("a task-clustered interval needs episodes of at least two tasks")
+    n = sum(len(d) for d in sums.values())
+    mean = sum(sum(d) for d in sums.values()) / n
+    c = len(sums)
+    var = c / (c - 1) * sum((sum(d) - mean * len(d)) ** 2 for d in sums.values()) / n**2
+    half = float(student_t.ppf(0.975, c - 1)) * math.sqrt(var)
+    return {"gain": mean, "ci95": [mean - half, mean + half], "n": n, "clusters": c}
 
 
 def summarize(outcomes: Sequence[Outcome], mode: str) -> dict:

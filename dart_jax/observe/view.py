@@ -24,7 +24,7 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from dart_jax.observe.learning import WINDOW, Collapse, first_collapse, success_curve
+from dart_jax.observe.learning import FALL, TAIL_VERSIONS, WINDOW, Collapse, detect_collapse
 from dart_jax.observe.records import RunRecords, TrajectoryTiming
 from dart_jax.observe.utilization import Window, extent, measure, staleness_counts, staleness_mean
 from dart_jax.wire.messages import DataStats, EnvStats
@@ -74,7 +74,7 @@ def snapshot(records: RunRecords, stats: DataStats | None = None, envs: Sequence
         staleness_mean=staleness_mean(counts) if counts else None, staleness_max=max(counts, default=None),
         env=env_busy(envs) if any(e.slots for e in envs) else (u.env if u else None),
         rollout=u.rollout if u else None, trainer=u.trainer if u else None,
-        window_s=u.window.seconds if u else window_s, collapse=first_collapse(success_curve(records.trajectories)))
+        window_s=u.window.seconds if u else window_s, collapse=detect_collapse(records.trajectories))
 
 
 def recent_rollouts(records: RunRecords, n: int) -> list[TrajectoryTiming]:
@@ -232,8 +232,12 @@ class LiveView:
 
 
 def collapse_text(c: Collapse) -> str:
-    return (f"COLLAPSED at {_version(c.version)}: success {_pct(c.success)} of the last {WINDOW} train rollouts, "
-            f"under half of its best {_pct(c.best)} ({_version(c.best_version)})")
+    if c.late:
+        where, how = f"the rollouts of the last {TAIL_VERSIONS} versions", "under half of"
+    else:
+        where, how = f"the last {WINDOW} train rollouts", f"{FALL:.0%} or more below"
+    return (f"COLLAPSED at {_version(c.version)}: success {_pct(c.success)} of {where}, "
+            f"{how} its best {_pct(c.best)} ({_version(c.best_version)})")
 
 
 def _version(v: int) -> str:

@@ -27,7 +27,7 @@ from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.config import ConfigError, dump
 from dart_jax.data.tasks import suite_tasks, write_task_file
 from dart_jax.eval.stats import load_outcomes, paired_gain
-from dart_jax.observe.learning import first_collapse, success_curve
+from dart_jax.observe.learning import detect_collapse, success_curve
 from dart_jax.observe.live import Watcher
 from dart_jax.observe.records import RunReader
 from dart_jax.run import demos
@@ -131,25 +131,27 @@ def rl_phase(cfg: RunConfig, run: RunDir, sup: Supervisor, policy: Path, view) -
 
 def rollout_learning(cfg: RunConfig, run: RunDir) -> dict:
     """The train rollouts' success (observe/learning.py): its best and last window, and
-    whether it collapsed (fell below half of its best) at which policy version."""
+    whether it collapsed (a 35% fall, or a late collapse: learning.py) at which policy version."""
     reader = RunReader(run.root, cfg.data.store.db_path)
     try:
-        curve = success_curve(reader.refresh().trajectories)
+        trajs = reader.refresh().trajectories
     finally:
         reader.close()
-    collapse = first_collapse(curve)
+    curve, collapse = success_curve(trajs), detect_collapse(trajs)
     return {"rl_collapsed": collapse is not None, "rl_collapsed_version": None if collapse is None else collapse.version,
             "rl_rollout_success_best": max((p.success for p in curve), default=None),
             "rl_rollout_success_last": curve[-1].success if curve else None}
 
 
 def gain(run: RunDir, labels: list[str]) -> dict:
-    """Held-out gain of the last evaluation over the first, paired over the same episodes."""
+    """Held-out gain of the last evaluation over the first (sampled episodes), paired over the
+    same episodes, its 95% interval clustered by task (eval.stats.paired_gain)."""
     if len(labels) < 2:
         return {}
     first, last = (load_outcomes(run.root / "eval" / f"{label}.json") for label in (labels[0], labels[-1]))
     sampled = paired_gain([o for o in first if o.mode == "sampled"], [o for o in last if o.mode == "sampled"])
-    return {"heldout_gain": sampled["gain"], "heldout_gain_ci95": sampled["ci95"], "heldout_pairs": sampled["n"]}
+    return {"heldout_gain": sampled["gain"], "heldout_gain_ci95": sampled["ci95"], "heldout_pairs": sampled["n"],
+            "heldout_tasks": sampled["clusters"]}
 
 
 def stop_on_sigterm() -> None:

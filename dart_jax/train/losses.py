@@ -10,7 +10,7 @@ step accumulates sums and counts over micro-batches and divides once (`finalize`
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -184,6 +184,58 @@ def rl_objective(logp_BxT: jax.Array, entropy_BxT: jax.Array, terms: RLTerms,
         loss = loss - cfg.entropy_coef * agg(entropy_BxT)
     metrics["loss/total"] = loss
     return loss, metrics
+
+
+class SignSums(NamedTuple):
+    """Additive per-token statistics of the policy term split by the sign of the advantage
+    (exact under any split of the batch); `sign_metrics` turns them into the logged values.
+
+    A token's push c_t = -d(policy term)/d log pi_t is what the update does to its
+    log-probability: A times its step weight, TIS weight and aggregation share, 0 where the
+    clip holds it. Step-level balance (adv/net) does not imply sum_t c_t = 0 when the token
+    weights depend on the sign; push/net measures it."""
+    tokens_pos: jax.Array  # masked tokens with A > 0
+    tokens_neg: jax.Array  # masked tokens with A < 0
+    clipped_pos: jax.Array
+    clipped_neg: jax.Array
+    tis_pos: jax.Array  # sum of the applied TIS weights
+    tis_neg: jax.Array
+    push_pos: jax.Array  # sum c_t (>= 0)
+    push_neg: jax.Array  # sum c_t (<= 0)
+
+
+def sign_sums(logp_BxT: jax.Array, terms: RLTerms, cfg: LossConfig, denom: Denominators) -> SignSums:
+    """The SignSums of one micro-batch at the policy `logp_BxT` (no gradient flows)."""
+    m = (terms.mask_BxT > 0) & (terms.weight_B[:, None] > 0)
+
+    def policy_term(lp):
+        pg_BxT, _ = clipped_policy_loss(cfg.policy, lp, terms)
+        return aggregate(terms.tis_BxT * pg_BxT, terms.mask_BxT, cfg.aggregation, denom, terms.weight_B)
+
+    lp = jax.lax.stop_gradient(logp_BxT)
+    push_BxT = -jax.grad(policy_term)(lp)
+    _, clipped_BxT = clipped_policy_loss(cfg.policy, lp, terms)
+    pos, neg = m & (terms.adv_B[:, None] > 0), m & (terms.adv_B[:, None] < 0)
+    s = lambda x, sel: jnp.sum(jnp.where(sel, x, 0.0))  # noqa: E731
+    one = jnp.ones_like(push_BxT)
+    return jax.lax.stop_gradient(SignSums(
+        s(one, pos), s(one, neg), s(clipped_BxT.astype(jnp.float32), pos),
+        s(clipped_BxT.astype(jnp.float32), neg), s(terms.tis_BxT, pos), s(terms.tis_BxT, neg),
+        s(push_BxT, pos), s(push_BxT, neg)))
+
+
+def sign_metrics(s: SignSums) -> dict[str, jax.Array]:
+    """push/net: sum_t c_t / sum_t |c_t| (0: the batch's successes and failures push every
+    token they share equally hard; < 0: shared tokens go down); push/pos, push/neg: the two
+    sides' shares of sum |c_t|; loss/clip_frac_{pos,neg}, tis/weight_{pos,neg}: the clipped
+    fraction and the mean TIS weight of each sign's tokens."""
+    total = jnp.maximum(s.push_pos - s.push_neg, 1e-30)
+    per = lambda x, n: x / jnp.maximum(n, 1.0)  # noqa: E731
+    return {"push/net": (s.push_pos + s.push_neg) / total, "push/pos": s.push_pos / total,
+            "push/neg": -s.push_neg / total,
+            "loss/clip_frac_pos": per(s.clipped_pos, s.tokens_pos),
+            "loss/clip_frac_neg": per(s.clipped_neg, s.tokens_neg),
+            "tis/weight_pos": per(s.tis_pos, s.tokens_pos), "tis/weight_neg": per(s.tis_neg, s.tokens_neg)}
 
 
 # rl_objective's metrics that are token means whatever the aggregation mode.

@@ -6,7 +6,7 @@
     adv_N    = each step's reward normalized over its group    (advantages.grpo_step_advantages)
     weight_N = its loss weight: trajectory normalization, and  (selection.select_steps)
                0 for the steps entropy selection drops (the kept
-               ones rescaled so each group stays sign-balanced)
+               ones rescaled so each cell keeps its weight)
     rows     = adv_N and weight_N at each microbatch's step slots, beside its scores
 
 Advantages and selection need every step of the batch (group statistics, a global top
@@ -57,7 +57,8 @@ def prepare_rl(fns: TrainFunctions, params, ref_params, batch: RLBatch, collator
     scores = [score_microbatch(fns, cfg, params, ref_params, mb) for mb in micro]
     entropy_N = step_entropies(batch, scores) if cfg.selection.enabled else None
     targets = step_targets(cfg, batch.reward_N, batch.group_N, batch.traj_N, entropy_N, batch.injected_N)
-    rows = [row_targets(fns.mesh, targets, batch.slot_steps(m), s) for m, s in enumerate(scores)]
+    rows = [row_targets(fns.mesh, targets, batch.slot_steps(m), s, batch.injected_N)
+            for m, s in enumerate(scores)]
     metrics = {k: np.float32(v) for k, v in targets.metrics.items()}
     metrics |= {"batch/steps": np.int32(len(batch.reward_N)), "batch/micro": np.int32(len(micro)),
                 "batch/dropped": np.int32(batch.dropped), "batch/screens_decoded": np.int32(cache.decodes),
@@ -127,9 +128,11 @@ def _targets(reward_S, group_S, traj_S, valid_S, entropy_S, protect_S, *, normal
     return adv, weight, metrics
 
 
-def row_targets(mesh: Mesh, targets: StepTargets, slot_steps: np.ndarray, scores: Scores) -> RowTargets:
+def row_targets(mesh: Mesh, targets: StepTargets, slot_steps: np.ndarray, scores: Scores,
+                injected_N: np.ndarray) -> RowTargets:
     """The targets of a microbatch's global step slots (`slot_steps`: each slot's step in
-    layout order, -1 for an empty one), sharded as its rows."""
+    layout order, -1 for an empty one), sharded as its rows; `injected_N` marks the steps of
+    the pool's injected successes (the loss treats them as demonstrations)."""
     sharding = NamedSharding(mesh, PartitionSpec(ROWS))
     on = slot_steps >= 0
 
@@ -137,7 +140,7 @@ def row_targets(mesh: Mesh, targets: StepTargets, slot_steps: np.ndarray, scores
         x = np.where(on, x_N[np.maximum(slot_steps, 0)], 0.0).astype(np.float32)
         return jax.make_array_from_callback(x.shape, sharding, lambda i: x[i])
 
-    return RowTargets(put(targets.adv_N), put(targets.weight_N), scores)
+    return RowTargets(put(targets.adv_N), put(targets.weight_N), scores, put(injected_N))
 
 
 def _host(x: jax.Array) -> np.ndarray:

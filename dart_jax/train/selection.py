@@ -1,11 +1,15 @@
 """High-entropy step selection (DART): train only on the steps where the policy was unsure.
 
 A step's score is the mean entropy of its response tokens. Within each cell of steps the
-top `fraction` (rounded up, at least one) keep their weight and the rest get 0:
+top `fraction` (rounded up, at least one) are kept, the rest get weight 0, and the kept
+steps' weights are scaled so that the cell keeps its total sum_s w_s |A_s|:
 
     scope "batch":    one cell, the whole batch (DART's description, taken literally)
-    scope "balanced": one cell per (GRPO group, sign of the advantage), and the kept steps'
-                      weights scaled so that each cell keeps its total sum_s w_s |A_s|
+    scope "balanced": one cell per (GRPO group, sign of the advantage)
+
+That rescale is selection's one compensation: the train step divides by the count of every
+step in the batch, selected or not (step.rl_loss), so the gradient's scale does not depend on
+how many steps a batch kept.
 
 Why "balanced": GRPO's signed weights w_s A_s sum to zero over a group, so the tokens a
 group's successes and failures share (the action format) get no net push. Dropping the
@@ -57,10 +61,9 @@ def top_entropy_steps(step_entropy_S: jax.Array, valid_S: jax.Array, fraction: f
 def select_steps(step_entropy_S: jax.Array, adv_S: jax.Array, weight_S: jax.Array, group_S: jax.Array,
                  valid_S: jax.Array, protect_S: jax.Array, *, fraction: float, scope: Scope,
                  num_groups: int) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The steps' loss weights after selection (the module docstring's two scopes).
+    """The steps' loss weights after selection (the module docstring's two scopes):
 
-        balanced: w'_s = w_s keep_s sum_c(w |A|) / sum_c(keep w |A|)   (c: the step's cell)
-        batch:    w'_s = w_s keep_s
+        w'_s = w_s keep_s sum_c(w |A|) / sum_c(keep w |A|)   (c: the step's cell)
     A cell whose steps all have A = 0 keeps its kept steps' weights unscaled.
     """
     if scope == "balanced":
@@ -73,10 +76,9 @@ def select_steps(step_entropy_S: jax.Array, adv_S: jax.Array, weight_S: jax.Arra
         raise ValueError(f"unknown selection scope {scope!r}")
     keep = jnp.maximum(keep, (protect_S > 0) & (valid_S > 0))
     w = weight_S * keep
-    if scope == "balanced":
-        seg = lambda x: jax.ops.segment_sum(x, cell, num_segments=2 * num_groups)  # noqa: E731
-        before_C, after_C = seg(weight_S * jnp.abs(adv_S)), seg(w * jnp.abs(adv_S))
-        w = w * jnp.where(after_C > 0, before_C / jnp.maximum(after_C, 1e-30), 1.0)[cell]
+    seg = lambda x: jax.ops.segment_sum(x, cell, num_segments=2 * num_groups)  # noqa: E731
+    before_C, after_C = seg(weight_S * jnp.abs(adv_S)), seg(w * jnp.abs(adv_S))
+    w = w * jnp.where(after_C > 0, before_C / jnp.maximum(after_C, 1e-30), 1.0)[cell]
     metrics["select/kept_frac"] = keep.sum() / jnp.maximum((valid_S > 0).sum(), 1)
     return w, jax.lax.stop_gradient(metrics)
 

@@ -37,7 +37,7 @@ from dart_jax.train import losses
 from dart_jax.train.batch import ROWS, TrainBatch, batch_specs
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.kernels import kernel_chunks, token_logprobs_entropy_BxT
-from dart_jax.train.losses import UNIT, Denominators, RLTerms
+from dart_jax.train.losses import UNIT, Denominators, RLTerms, SignSums, sign_metrics, sign_sums
 from dart_jax.train.optimizer import AdamWState, FusedAdamW
 from dart_jax.train.selection import step_mean_entropy
 from dart_jax.train.tis import MismatchSums, mismatch_metrics, mismatch_sums, tis_weights
@@ -63,6 +63,9 @@ class RowTargets:
     adv_N: jax.Array  # GRPO advantage
     weight_N: jax.Array  # 0 drops the step (padding, not selected); else its loss weight
     scores: Scores
+    # 1 on the experience pool's injected steps: treated as demonstrations (no TIS, clipped
+    # against the trainer), since their sampler log-probs are of a policy many versions old
+    injected_N: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,8 @@ class Accumulator:
     grads: nnx.State  # sums of UNIT-objective gradients, fp32
     sums: dict[str, jax.Array]  # sums of UNIT-objective metrics, by their logged names
     mismatch: MismatchSums | None  # trainer-vs-sampler logprob sums (RL); None in SFT
-    counts: Denominators  # masked tokens and rows seen
+    signs: SignSums | None  # token push, clip and TIS by advantage sign (RL); None in SFT
+    counts: Denominators  # masked tokens and rows of every step in the batch, selected or not
 
 
 for _cls in (TrainState, Scores, RowTargets, Accumulator):
@@ -123,20 +127,43 @@ def score(graphdef, cfg: TrainerConfig, params, ref_params, mb: TrainBatch) -> S
 
 def rl_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
     """UNIT-denominator RL objective of one micro-batch:
-    (loss sum, (metric sums, mismatch sums, counts))."""
+    (loss sum, (metric sums, mismatch sums, sign sums, counts)).
+
+    The counts cover every step of the batch, the ones entropy selection dropped included:
+    selection already restores each cell's weight (selection.py), so dividing by the kept
+    count as well would scale the gradient by a batch-varying 1/kept_frac."""
     logp, ent = token_scores(graphdef, params, mb, cfg, entropy_grad=cfg.loss.entropy_coef > 0)
-    mask = _steps(mb.loss_mask_BxPxT) * (rows.weight_N > 0)[:, None]
+    steps_mask = _steps(mb.loss_mask_BxPxT)
+    mask = steps_mask * (rows.weight_N > 0)[:, None]
     old = rows.scores.logp_old_NxT
     old = jax.lax.stop_gradient(logp) if old is None else old
     rollout = _steps(mb.rollout_logp_BxPxT)
-    sampled = mask * ~_steps(mb.is_demo_BxP)[:, None]  # demonstrations have no sampler logprobs
-    w_tis = tis_weights(old, rollout, sampled, cap=cfg.tis.cap, level=cfg.tis.level)
-    tis = jnp.where(sampled > 0, w_tis, 1.0) if cfg.tis.enabled else jnp.ones_like(mask)
-    clip_to = jnp.where(sampled > 0, rollout, old) if cfg.loss.clip_to == "behaviour" else None
-    terms = RLTerms(old, rows.adv_N, mask, rows.weight_N, tis, rows.scores.logp_ref_NxT, clip_to)
+    # demonstrations have no sampler log-probs; injected pool successes have a stale sampler's
+    exempt_N = _steps(mb.is_demo_BxP)
+    if rows.injected_N is not None:
+        exempt_N = exempt_N | (rows.injected_N > 0)
+    terms, sampled, w_tis = rl_terms(cfg, old, rollout, mask, exempt_N, rows.adv_N, rows.weight_N,
+                                     rows.scores.logp_ref_NxT)
     loss, metrics = losses.rl_objective(logp, ent, terms, cfg.loss, UNIT)
     mismatch = mismatch_sums(old, rollout, sampled, w_tis, cfg.tis.cap)
-    return loss, (metrics, mismatch, losses.denominators(mask))
+    signs = sign_sums(logp, terms, cfg.loss, UNIT)
+    return loss, (metrics, mismatch, signs, losses.denominators(steps_mask))
+
+
+def rl_terms(cfg: TrainerConfig, logp_old_NxT, logp_rollout_NxT, mask_NxT, exempt_N, adv_N, weight_N,
+             logp_ref_NxT=None) -> tuple[RLTerms, jax.Array, jax.Array]:
+    """The loss's per-token inputs: (terms, sampled_NxT, raw TIS weights).
+
+    Sampled tokens (not `exempt_N`: demonstrations, injected pool successes) get the TIS
+    weight min(pi_old / pi_sampler, C) and, with loss.clip_to "behaviour", the clip against
+    the sampler; exempt tokens get weight 1 and the clip against pi_old."""
+    sampled = mask_NxT * ~exempt_N[:, None]
+    w_tis = tis_weights(logp_old_NxT, logp_rollout_NxT, sampled, cap=cfg.tis.cap, level=cfg.tis.level)
+    tis = jnp.where(sampled > 0, w_tis, 1.0) if cfg.tis.enabled else jnp.ones_like(mask_NxT)
+    clip_to = (jnp.where(sampled > 0, logp_rollout_NxT, logp_old_NxT)
+               if cfg.loss.clip_to == "behaviour" else None)
+    terms = RLTerms(logp_old_NxT, adv_N, mask_NxT, weight_N, tis, logp_ref_NxT, clip_to)
+    return terms, sampled, w_tis
 
 
 def sft_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTargets):
@@ -144,7 +171,7 @@ def sft_loss(graphdef, cfg: TrainerConfig, params, mb: TrainBatch, rows: RowTarg
     logp, _ = token_scores(graphdef, params, mb, cfg)
     mask = _steps(mb.loss_mask_BxPxT) * (rows.weight_N > 0)[:, None]
     loss, metrics = losses.sft_objective(logp, mask, cfg.loss.aggregation, UNIT)
-    return loss, (metrics, None, losses.denominators(mask))
+    return loss, (metrics, None, None, losses.denominators(mask))
 
 
 def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: TrainBatch,
@@ -152,8 +179,8 @@ def accumulate(graphdef, cfg: TrainerConfig, params, acc: Accumulator, mb: Train
     """acc + this micro-batch's gradient sums, metric sums and counts."""
     loss_fn = rl_loss if cfg.mode == "rl" else sft_loss
     grad_fn = jax.grad(lambda p: loss_fn(graphdef, cfg, p, mb, rows), has_aux=True)
-    grads, (metrics, mismatch, counts) = grad_fn(params)
-    return jax.tree.map(jnp.add, acc, Accumulator(grads, metrics, mismatch, counts))
+    grads, (metrics, mismatch, signs, counts) = grad_fn(params)
+    return jax.tree.map(jnp.add, acc, Accumulator(grads, metrics, mismatch, signs, counts))
 
 
 def apply(cfg: TrainerConfig, state: TrainState, acc: Accumulator):
@@ -165,6 +192,8 @@ def apply(cfg: TrainerConfig, state: TrainState, acc: Accumulator):
     metrics = losses.finalize(acc.sums, acc.counts, cfg.loss.aggregation)
     if acc.mismatch is not None:
         metrics |= mismatch_metrics(acc.mismatch)
+    if acc.signs is not None:
+        metrics |= sign_metrics(acc.signs)
     metrics |= {"optim/grad_norm": grad_norm, "optim/lr": lr,
                 "optim/tokens": acc.counts.tokens, "optim/rows": acc.counts.seqs}
     return TrainState(state.step + 1, params, opt_state), metrics
@@ -200,7 +229,7 @@ class TrainFunctions:
         self.state_shardings = TrainState(rep, self.param_shardings, opt)
         self.compiles: dict[str, int] = {}
         self._cache: dict[tuple, Callable] = {}
-        self._sum_shapes = None  # (metric sums, mismatch sums, counts) a micro-batch adds
+        self._sum_shapes = None  # (metric sums, mismatch sums, sign sums, counts) a micro-batch adds
 
     # -- sharding helpers
     def batch_shardings(self, mb: TrainBatch) -> TrainBatch:
@@ -214,7 +243,7 @@ class TrainFunctions:
     def _acc_shardings(self, acc: Accumulator) -> Accumulator:
         """Gradients sharded as their parameters; every sum and count replicated."""
         rep = _replicated(self.mesh)
-        sums = jax.tree.map(lambda _: rep, (acc.sums, acc.mismatch, acc.counts))
+        sums = jax.tree.map(lambda _: rep, (acc.sums, acc.mismatch, acc.signs, acc.counts))
         return Accumulator(self.param_shardings, *sums)
 
     def _compiled(self, name: str, fn, args, in_shardings, out_shardings, donate=()):

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from dart_jax.data.config import CurationConfig
-from dart_jax.data.scheduler import Scheduler
+from dart_jax.data.scheduler import Scheduler, scheduled_tasks
 from dart_jax.data.store import Store
 from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.wire.messages import NoTask, TaskAssignment
@@ -146,3 +146,16 @@ def test_arrivals_count_against_their_own_assignment(store):
     assert a.assignment_id != b.assignment_id
     sched.heartbeat("w0", "s2")  # w0 restarts: a's 8 are void; b's were all delivered
     assert sched.in_flight() == {}
+
+
+def test_a_fixed_task_set_is_visited_again_and_again(store):
+    """rl_seeds 3 (the store's t0..t9 have seeds 0..9): only t0, t1, t2 are handed out, each
+    again once all three were tried, with rollout counts and step caps from their own history."""
+    cfg = dataclasses.replace(CFG, rl_seeds=3, max_pending_per_task=32)
+    sched = Scheduler(store, cfg, clock=Clock())
+    got = [sched.next(latest_version=0) for _ in range(9)]
+    assert [a.task.task_id for a in got] == ["t0", "t1", "t2"] * 3
+    put(store, *[make_trajectory(f"a{i}", "t1", success=True, steps=2, version=0) for i in range(16)])
+    assert sched.rollout_budget("t1") == (2, 4)  # s = 1 -> 2 rollouts; success lengths 2 + 2
+    assert [t.task_id for t in scheduled_tasks(store, cfg)] == ["t0", "t1", "t2"]
+    assert len(scheduled_tasks(store, CFG)) == 10  # 0: every train task

@@ -157,17 +157,17 @@ def test_snapshot_of_the_recorded_run_reads_as_a_run(recorded):
 
 def test_a_collapse_of_the_training_rollouts_shows_in_the_line_and_the_panel():
     """256 successes at versions 0-3, then failures from version 4: the window of the last 256
-    falls below half (0.5) at the 129th failure, a rollout of version 6."""
+    falls to 0.65 of its best at the 90th failure (166 of 256), a rollout of version 5."""
     trajs = tuple(dataclasses.replace(traj(status="success" if i < 256 else "failure", created=float(i)),
                                       steps=(StepTiming(policy_version=i // 64),)) for i in range(400))
     steady = snapshot(RunRecords(trajectories=trajs[:300]), now=400.0, num_slots=2)
     assert steady.collapse is None
     fallen = snapshot(RunRecords(trajectories=trajs), now=400.0, num_slots=2)
-    assert fallen.collapse == Collapse(version=6, success=127 / 256, best=1.0, best_version=3)
+    assert fallen.collapse == Collapse(version=5, success=166 / 256, best=1.0, best_version=3)
     out = io.StringIO()
     with LiveView(100, console=Console(file=out, width=400)) as view:
         view.update(fallen)
-    want = "COLLAPSED at v6: success 50% of the last 256 train rollouts, under half of its best 100% (v3)"
+    want = "COLLAPSED at v5: success 65% of the last 256 train rollouts, 35% or more below its best 100% (v3)"
     assert out.getvalue().rstrip().endswith("| " + want)
     console = Console(record=True, width=140)
     console.print(view.render(fallen))

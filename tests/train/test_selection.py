@@ -69,10 +69,37 @@ def test_balanced_selection_keeps_each_groups_signed_weights_summing_to_zero():
 
 def test_batch_wide_selection_breaks_the_balance():
     """fraction 0.5 over the batch: the top 5 of 9 entropies (0.9, 0.8, 0.7, 0.6, 0.5) are three
-    failures of group 0, one success and one failure of group 1: group 0 keeps only failures."""
+    failures of group 0, one success and one failure of group 1: group 0 keeps only failures.
+    The batch is one cell, so the kept weights are scaled by sum w|A| before / after: 4 x 1.0392305
+    (group 0's two sides) + 4 x 0.6363961 (group 1's) over 3 x 0.3464102 + 1.2727922 + 0.6363961."""
     w, _ = select_steps(H, A, W, GROUP, V, NONE, fraction=0.5, scope="batch", num_groups=10)
-    np.testing.assert_allclose(w, [0, 0, 0.6, 0.6, 0.6, 0, 1.8, 0.9, 0, 0], atol=1e-6)
-    np.testing.assert_allclose(_signed_sums(w), [-1.8 * 0.5773503, 1.8 * 0.7071068 - 0.9 * 0.7071068], atol=1e-5)
+    k = (4 * 1.0392305 + 4 * 0.6363961) / (3 * 0.3464102 + 1.2727922 + 0.6363961)
+    np.testing.assert_allclose(w, k * np.array([0, 0, 0.6, 0.6, 0.6, 0, 1.8, 0.9, 0, 0]), atol=1e-5)
+    np.testing.assert_allclose(_signed_sums(w), [-k * 1.8 * 0.5773503, k * (1.8 - 0.9) * 0.7071068], atol=1e-5)
+
+
+@pytest.mark.parametrize("scope", ["batch", "balanced"])
+def test_selection_keeps_each_cells_weight_once(scope):
+    """The one compensation: sum w|A| over the batch is what it was before selection, whatever
+    the fraction (the train step then divides by every step's count, not the kept ones)."""
+    before = float(jnp.sum(W * jnp.abs(A) * V))
+    for fraction in (0.3, 0.5, 0.8):
+        w, _ = select_steps(H, A, W, GROUP, V, NONE, fraction=fraction, scope=scope, num_groups=10)
+        np.testing.assert_allclose(float(jnp.sum(w * jnp.abs(A) * V)), before, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scope", ["batch", "balanced"])
+def test_the_lowest_entropy_step_of_each_cell_is_dropped(scope):
+    """Entropies are the reverse of H: now the steps that were kept are the ones to drop. With
+    fraction 0.5, the kept set must be exactly the top half by entropy (in each cell for
+    balanced), so a selection that kept the lowest would fail here."""
+    h = 1.0 - H
+    w, _ = select_steps(h, A, W, GROUP, V, NONE, fraction=0.5, scope=scope, num_groups=10)
+    kept = [i for i in range(9) if float(w[i]) > 0]
+    if scope == "balanced":  # cells: g0+ {0: .9, 1: .8}, g0- {2: .1, 3: .2, 4: .3, 5: .7}, g1+ {6}, g1- {7: .4, 8: .6}
+        assert kept == [0, 4, 5, 6, 8]
+    else:  # the top 5 of 0.9 0.8 0.1 0.2 0.3 0.7 0.5 0.4 0.6
+        assert kept == [0, 1, 5, 6, 8]
 
 
 @pytest.mark.parametrize("scope", ["batch", "balanced"])

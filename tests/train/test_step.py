@@ -14,7 +14,7 @@ from dart_jax.testing.trajectories import trajectory
 from dart_jax.train.batch import TrainBatch
 from dart_jax.train.config import (DualClipLoss, LossConfig, OptimizerConfig, SelectionConfig, TISConfig,
                                    TrainerConfig)
-from dart_jax.train import step
+from dart_jax.train import losses, step
 from dart_jax.train.prepare import prepare_rl, prepare_sft
 from dart_jax.train.optimizer import schedule_of
 from dart_jax.train.step import RowTargets, Scores, TrainFunctions, token_scores
@@ -102,25 +102,55 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
     assert twice.fns.compiles["score"] >= 1  # old logprobs came from the no-grad pass
 
 
+def _selected(tr, cfg, rl, col):
+    """(entropy, weight, injected flag) of each step of `rl` as prepare_rl hands them to the loss."""
+    prepared = prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg)
+    out = np.zeros((3, len(rl.reward_N)))
+    for m, (mb, rows) in enumerate(zip(prepared.micro, prepared.rows)):
+        slots = rl.slot_steps(m)
+        for name, i in (("entropy", 0), ("weight", 1), ("injected", 2)):
+            x = np.asarray(rows.scores.entropy_N if name == "entropy" else getattr(rows, f"{name}_N"))
+            out[i, slots[slots >= 0]] = x[slots >= 0]
+    return out, prepared.metrics
+
+
 @pytest.mark.parametrize("scope", ["batch", "balanced"])
 def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs, scope):
-    """batch: the top half of the 8 steps; balanced: the top half of each task's successes'
-    steps and of its failures' (2 of each: one each), each group's signed weights still
-    summing to zero (adv/net 0)."""
+    """batch: the top half of the 8 steps by the policy's own step entropies; balanced: the
+    top one of each (task, sign) cell's two steps, each group's signed weights still summing to
+    zero (adv/net 0). The kept steps are checked against the entropies the score pass gave."""
     col = collator(tiny_dir, 4)
     rl = layout_inline(group_trajs, col)
-    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope=scope)), tiny_dir,
-                 make_mesh(1, 1, 1))
+    cfg = _rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope=scope))
+    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
+    (ent, w, _), metrics = _selected(tr, cfg, rl, col)
+    cells = [np.ones(8, bool)] if scope == "batch" else [
+        (rl.group_N == g) & (rl.reward_N == r) for g in np.unique(rl.group_N) for r in (0.0, 1.0)]
+    for cell in cells:
+        kept, dropped = ent[cell & (w > 0)], ent[cell & (w == 0)]
+        assert len(kept) == len(dropped) and kept.min() > dropped.max(), (ent, w)
+    assert len(set(np.round(ent, 6))) == 8  # distinct entropies: the order is not a tie's
+    if scope == "balanced":
+        assert abs(float(metrics["adv/net"])) < 1e-6
     m = jax.device_get(tr.update_rl(rl, col))
-    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 4
+    assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 8
     assert float(m["select/kept_frac"]) == 0.5
-    kept, threshold, dropped = (float(m[f"select/{k}"]) for k in ("entropy_kept", "threshold",
-                                                                      "entropy_dropped"))
-    assert kept >= threshold
-    if scope == "batch":
-        assert threshold >= dropped
-    else:
-        assert abs(float(m["adv/net"])) < 1e-6
+
+
+def test_the_injected_flag_reaches_selection_and_the_loss(tiny_dir, group_trajs):
+    """Task t0's success comes from the pool (CuratedBatch.injected): both its steps are kept
+    however low their entropy and marked for the loss (rows.injected_N); without the flag the
+    same batch drops one of them (fraction 0.5, one kept step of each two-step cell)."""
+    col = collator(tiny_dir, 4)
+    cfg = _rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope="balanced"))
+    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
+    pooled = group_trajs[0].traj_id
+    flagged = layout_inline(group_trajs, col, injected=(pooled,))
+    (_, w, inj), _ = _selected(tr, cfg, flagged, col)
+    own = np.array([flagged.trajectories[t].traj_id == pooled for t in flagged.traj_N])
+    assert own.sum() == 2 and (w[own] > 0).all() and (inj == own).all()
+    (_, w_plain, inj_plain), _ = _selected(tr, cfg, layout_inline(group_trajs, col), col)
+    assert (w_plain[own] > 0).sum() == 1 and not inj_plain.any()
 
 
 def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, group_trajs):
@@ -154,7 +184,8 @@ def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, gro
         np.testing.assert_allclose(acc2.sums[key], acc1.sums[key], rtol=1e-5, atol=1e-5, err_msg=key)
     np.testing.assert_allclose(acc2.mismatch, acc1.mismatch, rtol=1e-5, atol=1e-5)
     assert (acc1.counts.tokens, acc1.counts.seqs) == (acc2.counts.tokens, acc2.counts.seqs)
-    assert float(acc1.counts.seqs) == 2  # entropy selection kept the top half of 4 steps
+    assert float(acc1.counts.seqs) == 4  # every step counts; selection's rescale is the one compensation
+    assert float(m1["select/kept_frac"]) == 0.5
     for key in ("select/threshold", "select/entropy_kept", "select/entropy_dropped"):
         np.testing.assert_allclose(m2[key], m1[key], rtol=1e-5, err_msg=key)
     _assert_close(acc1.grads, acc2.grads)
@@ -260,21 +291,24 @@ def clip_batch(tiny_dir, group_trajs):
     return cfg, tr, mb, rows, np.asarray(logp)
 
 
-def _clip_case(clip_batch, clip_to: str, up: float, down: float):
+def _clip_case(clip_batch, clip_to: str, up: float, down: float, tis: bool = False, injected: bool = False):
     """step.rl_loss at the trainer's parameters on the batch with its sampler log-probs set so
     that each token's ratio pi_now / pi_behaviour is `up` where A > 0 and `down` where A < 0
     (the policy moved since it sampled them); returns (loss sums with UNIT denominators and
     the token count, gradient, advantages, weights)."""
     cfg, tr, mb, rows, logp = clip_batch
-    cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, clip_to=clip_to))
+    cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, clip_to=clip_to),
+                              tis=TISConfig(enabled=tis, cap=2.0))
+    rows = dataclasses.replace(rows, injected_N=rows.weight_N * float(injected))
     adv = np.asarray(rows.adv_N)
     shift = np.where(adv > 0, np.log(up), np.log(down))[:, None]  # log pi_now - log pi_behaviour
     mask = np.asarray(mb.loss_mask_BxPxT)
     behaviour = (logp - shift).reshape(mask.shape) * mask
     mb = dataclasses.replace(mb, rollout_logp_BxPxT=behaviour.astype(np.float32))
     grad_fn = jax.grad(lambda p: step.rl_loss(tr.fns.graphdef, cfg, p, mb, rows), has_aux=True)
-    grads, (sums, _, counts) = grad_fn(tr.state.params)
+    grads, (sums, _, signs, counts) = grad_fn(tr.state.params)
     sums = {k: float(v) for k, v in jax.device_get(sums).items()} | {"tokens": float(counts.tokens)}
+    sums |= {k: float(v) for k, v in jax.device_get(losses.sign_metrics(signs)).items()}
     return sums, jax.device_get(grads), adv, np.asarray(rows.weight_N)
 
 
@@ -302,3 +336,33 @@ def test_inside_the_behaviour_clip_the_gradient_is_the_trainers(clip_batch):
         np.testing.assert_allclose(sums["loss/policy"], -np.sum(w * adv), atol=1e-5)
     assert max(float(np.max(np.abs(g))) for g in jax.tree.leaves(g_trainer)) > 0
     _assert_close(g_inside, g_trainer, atol=1e-6)
+
+
+def test_with_tis_the_behaviour_clip_zeroes_success_tokens_ahead_of_the_sampler(clip_batch):
+    """TIS on (cap 2), the behaviour clip: q = 1.5 on success tokens is past 1.28, so they are
+    clipped and get no push; failure tokens at q = 1.6 are inside and keep weight 1.6: the
+    token-level push is all the failures' (push/net -1) though adv/net is 0."""
+    sums, grads, adv, w = _clip_case(clip_batch, "behaviour", 1.5, 1.6, tis=True)
+    assert sums["loss/clip_frac_pos"] == 1.0 and sums["loss/clip_frac_neg"] == 0.0
+    np.testing.assert_allclose([sums["tis/weight_pos"], sums["tis/weight_neg"]], [1.5, 1.6], rtol=1e-5)
+    np.testing.assert_allclose(sums["push/net"], -1.0, atol=1e-6)
+    assert max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)) > 0
+
+
+def test_with_tis_the_recipe_weights_both_signs_alike(clip_batch):
+    """TIS on (cap 2), the clip against pi_old: q = 1.5 and 2.5 weigh 1.5 and 2 whatever the
+    sign; nothing is clipped; the policy term is -sum w A min(q, 2) (per-step token means)."""
+    sums, _, adv, w = _clip_case(clip_batch, "trainer", 1.5, 2.5, tis=True)
+    assert sums["loss/clip_frac_pos"] == 0.0 and sums["loss/clip_frac_neg"] == 0.0
+    np.testing.assert_allclose([sums["tis/weight_pos"], sums["tis/weight_neg"]], [1.5, 2.0], rtol=1e-5)
+    np.testing.assert_allclose(sums["loss/policy"], -np.sum(w * adv * np.where(adv > 0, 1.5, 2.0)), rtol=1e-5)
+
+
+def test_injected_steps_keep_their_push_under_tis_and_the_behaviour_clip(clip_batch):
+    """Every step flagged injected: the stale sampler log-probs (q = 1.5 and 1 / 1.2, which the
+    behaviour clip would zero) are ignored; weight 1, nothing clipped, gradient that of -sum w A."""
+    sums, grads, adv, w = _clip_case(clip_batch, "behaviour", 1.5, 1 / 1.2, tis=True, injected=True)
+    assert sums["loss/clip_frac"] == 0.0
+    np.testing.assert_allclose([sums["tis/weight_pos"], sums["tis/weight_neg"]], [1.0, 1.0])
+    np.testing.assert_allclose(sums["loss/policy"], -np.sum(w * adv), atol=1e-5)
+    assert max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads)) > 0

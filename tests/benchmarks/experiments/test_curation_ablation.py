@@ -88,19 +88,25 @@ def test_the_table_says_how_each_seeds_run_ended_and_where_it_collapsed():
     assert "+0.100 [0.02, 0.18]" in lines[2] and "-0.050 [-0.10, +0.00]" in lines[2] and lines[2].endswith(" -")
 
 
-def test_rows_pair_episodes_within_each_seed():
+def test_rows_pair_episodes_within_each_seed_and_cluster_by_task():
     """Seed 3 and seed 4 play the same task ids with different seeds: a row pools both seeds'
-    episodes, and its gains pair each episode with the same seed's."""
+    episodes, and its gains pair each episode with the same seed's; the interval clusters a
+    task's episodes over both seeds. Gain over SFT: t0 +2 of 4 (seed 3's first two), t1 +1 of
+    4 (seed 4's third): 3 / 8; clusters t0 (sum 2, n 4), t1 (sum 1, n 4):
+    se² = 2 · ((2 - 1.5)² + (1 - 1.5)²) / 64 = 1 / 64, half = t_1 · 1/8 (t_1 = 12.7062)."""
     from dart_jax.eval.stats import Outcome
-    def outcomes(seed, wins):
-        return sampled([Outcome("t0", "sampled", i, w, float(w), 1, "success" if w else "failure")
-                        for i, w in enumerate(wins)] + [Outcome("t0", "greedy", 0, True, 1.0, 1, "success")], seed)
-    sft = outcomes(3, [0, 0, 1, 1]) + outcomes(4, [1, 1, 1, 1])
-    plain = outcomes(3, [1, 0, 1, 1]) + outcomes(4, [1, 1, 0, 1])
-    full = outcomes(3, [1, 1, 1, 1]) + outcomes(4, [1, 1, 1, 1])
+
+    def outcomes(seed, wins_t0, wins_t1):
+        return sampled([Outcome(t, "sampled", i, bool(w), float(w), 1, "success" if w else "failure")
+                        for t, wins in (("t0", wins_t0), ("t1", wins_t1)) for i, w in enumerate(wins)]
+                       + [Outcome("t0", "greedy", 0, True, 1.0, 1, "success")], seed)
+    sft = outcomes(3, [0, 0], [1, 1]) + outcomes(4, [1, 1], [1, 0])
+    plain = outcomes(3, [1, 0], [1, 1]) + outcomes(4, [1, 1], [0, 1])
+    full = outcomes(3, [1, 1], [1, 1]) + outcomes(4, [1, 1], [1, 1])
     r = row("full", full, sft, plain, plain, [])
     assert (r["success"], r["n"]) == (1.0, 8)  # greedy episodes left out
-    assert r["gain"] == pytest.approx(2 / 8)  # seed 3's first two; seed 4 was already all wins
+    assert r["gain"] == pytest.approx(3 / 8)
+    assert r["gain_ci95"] == pytest.approx([3 / 8 - 12.706204736 / 8, 3 / 8 + 12.706204736 / 8])
     assert r["over_plain"] == pytest.approx(2 / 8) and r["over_previous"] == pytest.approx(2 / 8)
     assert row("plain GRPO", plain, sft, None, None, [])["over_plain"] is None
 

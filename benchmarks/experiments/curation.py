@@ -1,0 +1,175 @@
+"""DART's curation where it can act (issue 42): a fixed, harder task set visited again and again
+(configs/curation.yaml), plain GRPO against each curation piece alone and all of them.
+
+    .venv/bin/python -m benchmarks.experiments.curation [--config configs/curation.yaml] [--seed 0 1 2]
+                                                    [--steps N] [--max-seconds S] [--sft-run RUN_DIR ...]
+                                                    [--batch-wait-s S] [--work DIR]
+
+Per seed one SFT base (demos, SFT, evaluation; or `--sft-run`), then one RL run per row from it,
+everything but the pieces as the config says (curation_ablation.run_configs: the same runner,
+resume and budget). Rows: plain GRPO (every piece off: fixed rollouts and step cap, no pool, no
+selection, no TIS), plain GRPO + one piece (pool, dynamic rollouts, dynamic length, entropy
+selection, TIS), and full (all on). A row whose runs finished under `--work` is not run again.
+
+Held-out success is reported for two groups apart: held-out seeds of the train tasks, and the
+held-out tasks (names with no train seed). Each row's gain over plain GRPO is paired over the
+same episodes within a seed, its 95% interval clustered by held-out task over every seed
+(eval.stats.paired_gain).
+
+The trace (`trace.jsonl` under `--work`, one line per run and train task, summarised per row in
+a second table): rollouts the task got, the rollout count and step cap the scheduler gives it at
+the run's end (dynamic rollouts, dynamic length), its rollouts cut at the cap, the pool's
+injections into its groups, and, per batch from the trainer's log (batch-wide: the trainer logs
+no per-task figures), the kept fraction of entropy selection and the mean TIS weight by sign.
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sqlite3
+from pathlib import Path
+
+from benchmarks.common import machine
+from benchmarks.experiments.curation_ablation import ORDER, add_arguments, off, row, run_configs, setup
+from dart_jax.config import load
+from dart_jax.data.scheduler import Scheduler
+from dart_jax.data.store import Store
+from dart_jax.run.schema import RunConfig
+
+ROWS = (("plain GRPO", ()), ("+ pool", ("pool",)), ("+ dynamic rollouts", ("rollouts",)),
+        ("+ dynamic length", ("length",)), ("+ entropy selection", ("selection",)), ("+ TIS", ("tis",)),
+        ("full", ORDER))  # (label, pieces of curation_ablation.ORDER on)
+TRAINER_TRACE = ("select/kept_frac", "tis/weight_pos", "tis/weight_neg", "push/net")
+
+
+def overrides(cfg: RunConfig, on: tuple[str, ...]) -> list[str]:
+    """The overrides of a row: every piece not in `on` switched off."""
+    return [o for piece in ORDER if piece not in on for o in off(cfg, piece)]
+
+
+def held_out_groups(cfg: RunConfig) -> tuple[set[str], set[str]]:
+    """(names with train seeds, names without): held-out seeds vs held-out tasks."""
+    trained = {f"{s.backend}/{n}" for s in cfg.tasks.suites if s.train_seeds for n in s.names}
+    every = {f"{s.backend}/{n}" for s in cfg.tasks.suites for n in s.names}
+    return trained, every - trained
+
+
+def split(outcomes: list, names: set[str]) -> list:
+    """The `sampled` outcomes (task ids "seedS/backend/name/seed") of tasks named in `names`."""
+    return [o for o in outcomes if o.task_id.split("/", 1)[1].rsplit("/", 1)[0] in names]
+
+
+def rows_of(labels: list[str], outcomes: list[list], runs: list[list[dict]], sft: list) -> list[dict]:
+    """Per row: held-out success, gain over SFT and over plain GRPO (row 0), paired, clustered."""
+    out = [row("SFT only", sft, sft, None, None, [])]
+    for i, label in enumerate(labels):
+        r = row(label, outcomes[i], sft, outcomes[0] if i else None, None, runs[i])
+        out.append({k: v for k, v in r.items() if not k.startswith("over_previous")})
+    return out
+
+
+def trace(run_dir: Path, cfg: RunConfig) -> list[dict]:
+    """One run's per-task trace (the module docstring), read from its store and trainer log."""
+    db = sqlite3.connect(f"file:{run_dir / cfg.data.store.db_path}?mode=ro", uri=True)
+    try:
+        per_task = db.execute(
+            "SELECT t.task_id, COUNT(r.traj_id), COALESCE(SUM(r.success), 0), COALESCE(SUM(r.status = 'truncated'), 0) "
+            "FROM tasks t LEFT JOIN trajectories r ON r.task_id = t.task_id AND r.source = 'rollout' "
+            "WHERE t.split = 'train' GROUP BY t.task_id").fetchall()
+        injected = dict(db.execute(
+            "SELECT r.task_id, COUNT(*) FROM batch_items i JOIN trajectories r ON r.traj_id = i.traj_id "
+            "WHERE i.injected = 1 GROUP BY r.task_id").fetchall())
+    finally:
+        db.close()
+    store = Store.open(cfg.data.store, run_dir)
+    try:
+        scheduler = Scheduler(store, cfg.data.curation)
+        budget = {t.task_id: scheduler.rollout_budget(t.task_id) for t in scheduler.tasks}
+    finally:
+        store.close()
+    return [{"task": task, "rollouts": n, "successes": wins, "truncated": cut, "injected": injected.get(task, 0),
+             "rollouts_given": budget[task][0], "step_cap": budget[task][1]}
+            for task, n, wins, cut in per_task if task in budget]
+
+
+def trainer_trace(run_dir: Path) -> dict[str, float | None]:
+    """Batch means of TRAINER_TRACE over the run's trainer log (None: never logged)."""
+    path = run_dir / "metrics" / "trainer.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    out = {}
+    for key in TRAINER_TRACE:
+        xs = [r[key] for r in records if key in r]
+        out[key] = sum(xs) / len(xs) if xs else None
+    return out
+
+
+def summarise(label: str, tasks: list[dict], trainer: list[dict]) -> dict:
+    """A row's trace over its runs: rollouts, final budgets and caps, cut-offs, injections
+    (means over task-runs), and the trainer's batch means (over runs that logged them)."""
+    n = max(len(tasks), 1)
+    mean = lambda key: sum(t[key] for t in tasks) / n  # noqa: E731
+    out = {"config": label, **{k: mean(k) for k in ("rollouts", "rollouts_given", "step_cap", "truncated", "injected")}}
+    for key in TRAINER_TRACE:
+        xs = [t[key] for t in trainer if t[key] is not None]
+        out[key] = sum(xs) / len(xs) if xs else None
+    return out
+
+
+def table(rows: list[dict], title: str) -> str:
+    head = f"{title:<20} {'held-out':>8} {'n':>5} {'gain over SFT':>24} {'over plain GRPO':>24}  runs (steps)"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        gains = " ".join(f"{_gain(r[k], r[f'{k}_ci95']):>24}" for k in ("gain", "over_plain"))
+        runs = ", ".join(str(x["rl_steps"]) + (" collapsed" if x["collapsed"] else "") for x in r["runs"]) or "-"
+        lines.append(f"{r['config']:<20} {r['success']:>8.3f} {r['n']:>5} {gains}  {runs}")
+    return "\n".join(lines)
+
+
+def trace_table(summaries: list[dict]) -> str:
+    head = (f"{'configuration':<20} {'rollouts/task':>13} {'given':>6} {'cap':>5} {'cut':>5} {'injected':>8} "
+            f"{'kept':>5} {'TIS +':>6} {'TIS -':>6} {'push':>6}")
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        tr = " ".join(f"{'-' if s[k] is None else f'{s[k]:.2f}':>{w}}" for k, w in zip(TRAINER_TRACE, (5, 6, 6, 6)))
+        lines.append(f"{s['config']:<20} {s['rollouts']:>13.1f} {s['rollouts_given']:>6.1f} {s['step_cap']:>5.1f} "
+                     f"{s['truncated']:>5.1f} {s['injected']:>8.1f} {tr}")
+    return "\n".join(lines)
+
+
+def _gain(g, ci) -> str:
+    return "-" if g is None else f"{g:+.3f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(ap, "configs/curation.yaml", [0, 1, 2])
+    args = ap.parse_args()
+    s = setup(ap, args, "bench_curation_")
+    labels = [label for label, _ in ROWS]
+    done = run_configs(args.config, s.root, args.seed, args.sft_run,
+                       [(label, overrides(s.cfg, on)) for label, on in ROWS], "curation", s.overrides(args.batch_wait_s))
+    trained, held_tasks = held_out_groups(s.cfg)
+    groups = {}
+    for group, names in (("held_out_seeds", trained), ("held_out_tasks", held_tasks)):
+        if names:
+            groups[group] = rows_of(labels, [split(o, names) for o in done.outcomes], done.runs, split(done.sft, names))
+    with (s.root / "trace.jsonl").open("w") as f:
+        summaries = []
+        for label, dirs in zip(labels, done.dirs):
+            cfgs = [load(RunConfig, d / "config.yaml") for d in dirs]
+            tasks = [t | {"config": label, "run": d.name} for d, c in zip(dirs, cfgs) for t in trace(d, c)]
+            f.writelines(json.dumps(t) + "\n" for t in tasks)
+            summaries.append(summarise(label, tasks, [trainer_trace(d) for d in dirs]))
+    for group, rows in groups.items():
+        print(table(rows, group.replace("_", " ")))
+    print(trace_table(summaries))
+    print(json.dumps({"benchmark": "curation", "config": str(args.config), "rl_steps": s.steps,
+                      "rl_max_seconds": s.budget, "seeds": args.seed, **groups, "trace": summaries,
+                      "trace_file": str(s.root / "trace.jsonl"), "work": str(s.root), "machine": machine()}))
+
+
+if __name__ == "__main__":
+    main()

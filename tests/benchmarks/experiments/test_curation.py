@@ -1,0 +1,131 @@
+"""The curation benchmark's logic at a tiny size, no learning run: its rows' settings, the
+shared runner's resume with a stand-in for `dart-jax run`, held-out groups, the tables and the
+JSON from hand-made outcomes, and the per-task trace from a hand-made store."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.experiments import curation, curation_ablation
+from benchmarks.experiments.curation import (ROWS, held_out_groups, overrides, rows_of, split, summarise, table,
+                                             trace, trace_table)
+from dart_jax.config import dump, load
+from dart_jax.config.loader import apply_overrides, from_dict
+from dart_jax.data.store import Store
+from dart_jax.eval.stats import Outcome, report
+from dart_jax.run.schema import RunConfig
+from dart_jax.rundir import RunDir
+from dart_jax.testing.trajectories import make_trajectory, put
+from dart_jax.data.curation import Group, TrajRecord
+from dart_jax.wire.messages import TaskSpec
+
+CFG = load(RunConfig, Path("configs/curation.yaml"), [])
+
+
+def _settings(on) -> tuple:
+    cfg = from_dict(RunConfig, apply_overrides(dataclasses.asdict(CFG), overrides(CFG, on), "test"))
+    c = cfg.data.curation
+    return (c.experience_pool, c.min_rollouts < c.max_rollouts, c.min_steps < c.max_steps,
+            cfg.trainer.selection.enabled, cfg.trainer.tis.enabled)
+
+
+def test_each_row_switches_on_exactly_its_pieces():
+    got = {label: _settings(on) for label, on in ROWS}
+    assert got == {"plain GRPO": (False,) * 5, "+ pool": (True, False, False, False, False),
+                   "+ dynamic rollouts": (False, True, False, False, False),
+                   "+ dynamic length": (False, False, True, False, False),
+                   "+ entropy selection": (False, False, False, True, False),
+                   "+ TIS": (False, False, False, False, True), "full": (True,) * 5}
+
+
+def test_the_task_set_is_fixed_and_has_a_held_out_group():
+    trained, held = held_out_groups(CFG)
+    assert held == {"synthetic/click-color", "miniwob/click-button", "miniwob/click-test-2"}
+    assert "synthetic/form" in trained and not trained & held
+    assert CFG.data.curation.rl_seeds == 4 and CFG.eval.max_steps >= 10
+
+
+def _outcome(task, i, win):
+    return Outcome(task, "sampled", i, bool(win), float(win), 1, "success" if win else "failure")
+
+
+def _fake_runs(calls: list[str]):
+    """A stand-in for curation_ablation.one_run: a finished run directory, its episodes from
+    the name (SFT: t/a wins 0 of 2, t/b 1 of 2, h/c 0 of 2; every RL row: 2, 1 and 1)."""
+    def one_run(config, root, name, extra):
+        calls.append(name)
+        run = RunDir.create(root / name, config_yaml=dump(CFG))
+        rl = not name.startswith("sft")
+        wins = {"synthetic/a/10000": [1, 1] if rl else [0, 0], "synthetic/b/10000": [1, 0],
+                "synthetic/c/10000": [1, 0] if rl else [0, 0]}
+        eps = [_outcome(t, i, w) for t, ws in wins.items() for i, w in enumerate(ws)]
+        (run.root / "eval").mkdir(exist_ok=True)
+        (run.root / "eval" / ("rl.json" if rl else "sft.json")).write_text(json.dumps(report("x", root, eps)))
+        (run.root / "data" / "demos").mkdir(parents=True, exist_ok=True)
+        summary = ({"rl_steps": 3, "heldout_success_rl": 0.5, "rl_stalled": False, "rl_out_of_time": False,
+                    "rl_collapsed": False, "rl_collapsed_version": None} if rl else
+                   {"sft_export": str(run.root / "sft"), "heldout_success_sft": 0.2})
+        (run.root / "metrics" / "run.jsonl").write_text(json.dumps(summary) + "\n")
+        return summary
+    return one_run
+
+
+def test_runs_resume_and_rows_pair_within_seeds_and_group_the_held_out_tasks(tmp_path, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(curation_ablation, "one_run", _fake_runs(calls))
+    configs = [(label, overrides(CFG, on)) for label, on in ROWS[:2]]
+    done = curation_ablation.run_configs(Path("x.yaml"), tmp_path, [0], [], configs, "curation", [])
+    assert calls == ["sft-seed0", "curation-0-seed0", "curation-1-seed0"]
+    calls.clear()
+    done = curation_ablation.run_configs(Path("x.yaml"), tmp_path, [0, 1], [], configs, "curation", [])
+    assert calls == ["sft-seed1", "curation-0-seed1", "curation-1-seed1"]  # seed 0's were kept
+    assert [d.name for d in done.dirs[1]] == ["curation-1-seed0", "curation-1-seed1"]
+    # held-out seeds of tasks a, b; held-out task c
+    seeds = ["plain GRPO", "+ pool"]
+    rows = rows_of(seeds, [split(o, {"synthetic/a", "synthetic/b"}) for o in done.outcomes], done.runs,
+                   split(done.sft, {"synthetic/a", "synthetic/b"}))
+    assert [r["config"] for r in rows] == ["SFT only", "plain GRPO", "+ pool"]
+    # gain over SFT: a +2 of 2 in each seed, b 0: 4 of 8; clusters a (sum 4, n 4) and b (0, 4):
+    # se² = 2 · ((4 - 2)² + (0 - 2)²) / 64 = 1/4, t_1 = 12.7062: half 6.353
+    assert rows[1]["gain"] == pytest.approx(0.5) and rows[1]["gain_ci95"] == pytest.approx([0.5 - 6.3531024, 0.5 + 6.3531024])
+    assert rows[2]["over_plain"] == 0.0 and rows[1]["over_plain"] is None and "over_previous" not in rows[2]
+    held = split(done.outcomes[0], {"synthetic/c"})
+    assert len(held) == 4 and sum(o.success for o in held) == 2
+    text = table(rows, "held out seeds").splitlines()
+    assert text[0].startswith("held out seeds") and text[3].startswith("plain GRPO")
+    assert "+0.500 [-5.85, +6.85]" in text[3] and text[3].endswith("3, 3")
+    json.dumps(rows)
+
+
+def test_the_trace_reads_each_tasks_rollouts_budget_cap_and_injections(tmp_path):
+    cfg = CFG
+    run = RunDir.create(tmp_path / "run", config_yaml=dump(cfg))
+    store = Store.open(cfg.data.store, run.root)
+    store.upsert_tasks([TaskSpec(task_id=f"synthetic/form/{s}", backend="synthetic", name="form", seed=s)
+                        for s in range(6)])
+    # form/0: 16 rollouts, all 2-step successes -> 2 rollouts, cap 2 + 2 = 4; form/1: 3 failures (1 cut
+    # at the cap) -> 8 rollouts, and the pool's 5-step success -> cap 5 + 2 = 7
+    put(store, *[make_trajectory(f"a{i}", "synthetic/form/0", success=True, steps=2) for i in range(16)],
+        *[make_trajectory(f"b{i}", "synthetic/form/1", steps=8) for i in range(3)],
+        make_trajectory("p0", "synthetic/form/1", success=True, steps=5, source="pool"))
+    store.query("UPDATE trajectories SET status = 'truncated' WHERE traj_id = 'b0'")
+    store.record_batch(1, 0, [Group("synthetic/form/1", (TrajRecord("p0", "synthetic/form/1", 0, True, 5, 0, 0),
+                                                         TrajRecord("b1", "synthetic/form/1", 0, False, 8, 0, 0)),
+                                    injected=("p0",))])
+    store.close()
+    got = {t["task"]: t for t in trace(run.root, cfg)}
+    assert set(got) == {f"synthetic/form/{s}" for s in range(4)}  # rl_seeds 4: seeds 4, 5 are demos only
+    assert got["synthetic/form/0"] == {"task": "synthetic/form/0", "rollouts": 16, "successes": 16, "truncated": 0,
+                                           "injected": 0, "rollouts_given": 2, "step_cap": 4}
+    f1 = got["synthetic/form/1"]
+    assert (f1["rollouts"], f1["truncated"], f1["injected"], f1["rollouts_given"], f1["step_cap"]) == (3, 1, 1, 8, 7)
+    (run.root / "metrics" / "trainer.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in ({"select/kept_frac": 0.75, "tis/weight_pos": 1.0},
+                                          {"select/kept_frac": 0.85, "tis/weight_pos": 1.2, "push/net": 0.0})))
+    s = summarise("full", list(got.values()), [curation.trainer_trace(run.root)])
+    assert s["rollouts"] == pytest.approx(19 / 4) and s["injected"] == pytest.approx(0.25)
+    assert s["select/kept_frac"] == pytest.approx(0.8) and s["tis/weight_pos"] == pytest.approx(1.1)
+    assert s["tis/weight_neg"] is None and s["push/net"] == 0.0
+    assert trace_table([s]).splitlines()[2].startswith("full")
