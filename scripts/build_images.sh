@@ -2,8 +2,8 @@
 # Builds the CPU role images (`make images`; idempotent): dart-jax-core, dart-jax-envs and
 # dart-jax-tpu (JAX runs on CPU where no TPU is attached) from deploy/docker/*.Dockerfile with
 # podman, on a Debian bookworm base made here from Debian's packages (mmdebstrap), so no
-# container registry is needed. The GPU images (rollout, trainer-gpu) are not built here
-# (docs/images.md says why).
+# container registry is needed. The GPU images (rollout, trainer-gpu: about 10 GB of CUDA
+# wheels) only when asked for, on a host with the disk for them (docs/images.md).
 #
 # Each image is tagged dart-jax-<role>:<key>, the key a hash of this script, its Dockerfile,
 # its lock and the package sources it installs; a manifest per image under
@@ -14,14 +14,15 @@
 #   DART_IMAGE_CA=FILE    a CA bundle pip inside the build must trust (default: $PIP_CERT, the
 #                         bundle this host's pip is told to use); mounted for RUN steps only,
 #                         never stored in an image
-#   IMAGES="core envs"    a subset of: core envs trainer-tpu
+#   IMAGES="core envs"    which images (default: core envs trainer-tpu; also rollout trainer-gpu)
 set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
 ROOT=${DART_IMAGE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dart-jax/images}
 IMAGES=${IMAGES:-core envs trainer-tpu}
-declare -A TAG=([core]=dart-jax-core [envs]=dart-jax-envs [trainer-tpu]=dart-jax-tpu)
-declare -A LOCK=([core]=cpu [envs]=cpu [trainer-tpu]=tpu)
+declare -A TAG=([core]=dart-jax-core [envs]=dart-jax-envs [trainer-tpu]=dart-jax-tpu
+                [rollout]=dart-jax-rollout [trainer-gpu]=dart-jax-gpu)
+declare -A LOCK=([core]=cpu [envs]=cpu [trainer-tpu]=tpu [rollout]=gpu [trainer-gpu]=gpu)
 mkdir -p "$ROOT"
 
 sources_hash() {
@@ -34,6 +35,7 @@ key_of() { cat scripts/build_images.sh "deploy/docker/$1.Dockerfile" "requiremen
 
 todo=()
 for role in $IMAGES; do
+  [ -n "${TAG[$role]:-}" ] || { echo "images: no image $role (${!TAG[*]})" >&2; exit 2; }
   key=$(key_of "$role")
   if [ -f "$ROOT/$role-$key.json" ] && podman image exists "${TAG[$role]}:$key" 2>/dev/null; then
     echo "images: ${TAG[$role]}:$key up to date"
@@ -77,7 +79,7 @@ runtime=()
 ulimits=()
 if ! err=$(podman run --rm --network none "$BASE" true 2>&1); then
   echo "images: podman's defaults cannot run a container here ($err); trying runc with the host's limits"
-  nproc=$(ulimit -Hu); [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ] && nproc=32768
+  nproc=$(ulimit -Hu); [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ] && nproc=32768  # podman's default
   runtime=(--runtime runc)
   ulimits=(--ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit "nproc=$nproc:$nproc")
   podman "${runtime[@]}" run --rm --network none "${ulimits[@]}" "$BASE" true

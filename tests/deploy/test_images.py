@@ -10,6 +10,7 @@ trainer's image runs as root (libtpu opens the TPU devices), so its volume stays
 docs/images.md has the build times and sizes.
 """
 
+import asyncio
 import json
 import os
 import sqlite3
@@ -24,7 +25,8 @@ from dart_jax.agent.config import PromptConfig
 from dart_jax.agent.prompt import PromptBuilder
 from dart_jax.testing.trajectories import trajectory
 from dart_jax.wire import Client, WireConfig, WireTimeout
-from dart_jax.wire.messages import Ping, Pong
+from dart_jax.wire.env_client import EnvClient
+from dart_jax.wire.messages import EnvReply, Ping, Pong, TaskSpec
 from dart_jax.wire.trajfiles import write_trajectories
 from tests.net import free_port
 
@@ -85,8 +87,10 @@ def pong(endpoint: str, deadline_s: float) -> Pong:
             time.sleep(0.5)
 
 
-def serve(image: dict, name: str, runs: Path, conf: Path, command: list[str], endpoint: str, role: str):
-    """Starts a role's server in `image` on the host's network, pings it from here, stops it."""
+def serve(image: dict, name: str, runs: Path, conf: Path, command: list[str], endpoint: str, role: str,
+          then=lambda: None):
+    """Starts a role's server in `image` on the host's network, pings it from here, calls `then`
+    while it serves, stops it."""
     started = podman(image, "-d", "--name", name, "--network", "host", "-v", f"{runs}:/runs",
                      "-v", f"{conf}:/etc/dart-jax/config:ro", image["image"], *command)
     assert started.returncode == 0, started.stderr
@@ -96,6 +100,7 @@ def serve(image: dict, name: str, runs: Path, conf: Path, command: list[str], en
         except WireTimeout:
             logs = subprocess.run(["podman", *image["podman"], "logs", name], capture_output=True, text=True)
             raise AssertionError(f"{role} did not answer: {logs.stdout[-2000:]}{logs.stderr[-3000:]}")
+        then()
         stopped = subprocess.run(["podman", *image["podman"], "stop", "-t", "20", name], capture_output=True,
                                  text=True, timeout=60)
         assert stopped.returncode == 0, stopped.stderr
@@ -125,16 +130,26 @@ def test_data_manager_writes_its_store_as_dart_on_a_root_owned_volume(images, tm
         assert store.execute("SELECT count(*) FROM tasks").fetchone()[0] == len(TASKS.read_text().splitlines())
 
 
-def test_env_server_answers_a_ping_over_the_wire(images, tmp_path):
+async def miniwob_reset(endpoint: str) -> EnvReply:
+    """A MiniWoB++ episode's first screen (Chromium in the container, as its user)."""
+    client = EnvClient(WireConfig(endpoint=endpoint), "h1-images")
+    try:
+        async with await client.acquire("miniwob") as env:
+            return await env.reset(TaskSpec(task_id="miniwob/click-test/0", backend="miniwob", name="click-test"))
+    finally:
+        await client.aclose()
+
+
+def test_env_server_answers_a_ping_and_resets_miniwob_over_the_wire(images, tmp_path):
     envs = images["envs"]
     runs, port = volume(tmp_path / "runs", fs_group=True), free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
-    conf = config(tmp_path, {"envs": {"slots": [{"type": "synthetic", "count": 1}]}})
+    conf = config(tmp_path, {"envs": {"slots": [{"type": "miniwob", "count": 1}]}})
+    replies = []
     serve(envs, f"h1-env-{port}", runs, conf,
           ["dart-jax", "env-server", "/etc/dart-jax/config/run.yaml", f"envs.wire.endpoint={endpoint}"],
-          endpoint, "env-server")
-    chromium = podman(envs, "--rm", "--network", "none", envs["image"], "chromium", "--version")
-    assert chromium.returncode == 0 and chromium.stdout.startswith("Chromium"), chromium.stderr
+          endpoint, "env-server", then=lambda: replies.append(asyncio.run(miniwob_reset(endpoint))))
+    assert replies[0].status == "ok" and replies[0].observation.screenshot.startswith(b"\x89PNG")
 
 
 def test_tpu_trainer_on_jax_cpu_trains_and_checkpoints(images, tmp_path, tiny_dir):
