@@ -48,7 +48,8 @@ if [ -n "$missing" ] && [ -z "${DART_SKIP_APT:-}" ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   echo "images: installing podman runc mmdebstrap"
   $sudo apt-get -o DPkg::Lock::Timeout=300 update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq podman runc mmdebstrap >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+    podman runc mmdebstrap >/dev/null
 fi
 
 # The base: what python:3.11-slim-bookworm gives the Dockerfiles (python3 and pip installing
@@ -60,14 +61,14 @@ if ! podman image exists "$BASE"; then
   [ "$(id -u)" = 0 ] || { echo "images: making the base needs root (mmdebstrap)" >&2; exit 1; }
   start=$(date +%s)
   work=$(mktemp -d "$ROOT/base.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
   mmdebstrap --variant=minbase --include=python3,python3-pip,python-is-python3,passwd,ca-certificates,netbase,tzdata \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
     --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED "$1"/var/lib/apt/lists/*_Packages' \
     bookworm "$work/base.tar" http://deb.debian.org/debian >"$work/mmdebstrap.log" 2>&1 \
-    || { tail -30 "$work/mmdebstrap.log" >&2; rm -rf "$work"; exit 1; }
+    || { tail -30 "$work/mmdebstrap.log" >&2; exit 1; }
   podman import -q --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$work/base.tar" "$BASE" >/dev/null
-  rm -rf "$work"
   echo "images: made $BASE in $(( $(date +%s) - start )) s"
 fi
 # End of the base

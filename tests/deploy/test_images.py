@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -88,7 +89,7 @@ def pong(endpoint: str, deadline_s: float) -> Pong:
 
 
 def serve(image: dict, name: str, runs: Path, conf: Path, command: list[str], endpoint: str, role: str,
-          then=lambda: None):
+          then: Callable[[], None] = lambda: None):
     """Starts a role's server in `image` on the host's network, pings it from here, calls `then`
     while it serves, stops it."""
     started = podman(image, "-d", "--name", name, "--network", "host", "-v", f"{runs}:/runs",
@@ -104,7 +105,8 @@ def serve(image: dict, name: str, runs: Path, conf: Path, command: list[str], en
         stopped = subprocess.run(["podman", *image["podman"], "stop", "-t", "20", name], capture_output=True,
                                  text=True, timeout=60)
         assert stopped.returncode == 0, stopped.stderr
-        waited = subprocess.run(["podman", *image["podman"], "wait", name], capture_output=True, text=True, timeout=60)
+        waited = subprocess.run(["podman", *image["podman"], "wait", name], capture_output=True, text=True,
+                                timeout=60)
         assert waited.stdout.strip() == "0", f"{role} did not stop cleanly on SIGTERM: {waited.stdout}{waited.stderr}"
     finally:
         subprocess.run(["podman", *image["podman"], "rm", "-f", name], capture_output=True, timeout=60)
@@ -115,13 +117,14 @@ def test_data_manager_writes_its_store_as_dart_on_a_root_owned_volume(images, tm
     conf = config(tmp_path, {"data": {"tasks": {"task_file": "/etc/dart-jax/config/tasks.jsonl"}}})
     (conf / "tasks.jsonl").write_text(TASKS.read_text())
     bare = volume(tmp_path / "bare", fs_group=False)
-    refused = podman(core, "--rm", "--network", "none", "-v", f"{bare}:/runs", "-v", f"{conf}:/etc/dart-jax/config:ro",
-                     core["image"], "dart-jax", "data-manager", "/etc/dart-jax/config/run.yaml")
+    refused = podman(core, "--rm", "--network", "none", "-v", f"{bare}:/runs",
+                     "-v", f"{conf}:/etc/dart-jax/config:ro", core["image"],
+                     "dart-jax", "data-manager", "/etc/dart-jax/config/run.yaml")
     assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused.stderr[-2000:]
 
     runs, port = volume(tmp_path / "runs", fs_group=True), free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
-    serve(core, f"h1-dm-{port}", runs, conf,
+    serve(core, f"dart-jax-test-dm-{port}", runs, conf,
           ["dart-jax", "data-manager", "/etc/dart-jax/config/run.yaml", f"data.wire.endpoint={endpoint}"],
           endpoint, "data-manager")
     db = runs / "smoke/data/store.sqlite"
@@ -132,7 +135,7 @@ def test_data_manager_writes_its_store_as_dart_on_a_root_owned_volume(images, tm
 
 async def miniwob_reset(endpoint: str) -> EnvReply:
     """A MiniWoB++ episode's first screen (Chromium in the container, as its user)."""
-    client = EnvClient(WireConfig(endpoint=endpoint), "h1-images")
+    client = EnvClient(WireConfig(endpoint=endpoint), "test-images")
     try:
         async with await client.acquire("miniwob") as env:
             return await env.reset(TaskSpec(task_id="miniwob/click-test/0", backend="miniwob", name="click-test"))
@@ -146,7 +149,7 @@ def test_env_server_answers_a_ping_and_resets_miniwob_over_the_wire(images, tmp_
     endpoint = f"tcp://127.0.0.1:{port}"
     conf = config(tmp_path, {"envs": {"slots": [{"type": "miniwob", "count": 1}]}})
     replies = []
-    serve(envs, f"h1-env-{port}", runs, conf,
+    serve(envs, f"dart-jax-test-env-{port}", runs, conf,
           ["dart-jax", "env-server", "/etc/dart-jax/config/run.yaml", f"envs.wire.endpoint={endpoint}"],
           endpoint, "env-server", then=lambda: replies.append(asyncio.run(miniwob_reset(endpoint))))
     assert replies[0].status == "ok" and replies[0].observation.screenshot.startswith(b"\x89PNG")
@@ -160,7 +163,8 @@ def test_tpu_trainer_on_jax_cpu_trains_and_checkpoints(images, tmp_path, tiny_di
                        "traj")
     conf = config(tmp_path, {
         "policy": {"hf_dir": "/policy"},
-        "trainer": {"mode": "sft", "steps": 2, "sft_data": "/demos", "export": False, "optimizer": {"lr": 1e-3}, "checkpoint": {"every_steps": 2, "keep": 1},
+        "trainer": {"mode": "sft", "steps": 2, "sft_data": "/demos", "export": False, "optimizer": {"lr": 1e-3},
+                    "checkpoint": {"every_steps": 2, "keep": 1},
                     "buckets": {"seq_lens": [768], "num_slots": [768], "rows": 2}},
     })
     runs = volume(tmp_path / "runs", fs_group=False)
