@@ -103,7 +103,7 @@ for role in "${todo[@]}"; do
     > "$ROOT/$role-$key.json"
   # Older keys are never used again (their layers stay as podman's build cache).
   find "$ROOT" -maxdepth 1 -name "$role-*.json" ! -name "$role-$key.json" -delete
-  podman images --format '{{.Repository}}:{{.Tag}}' "localhost/$tag" | grep -v -E ":($key|latest)$" \
+  podman images --format '{{.Repository}}:{{.Tag}}' "localhost/$tag" | { grep -v -E ":($key|latest)$" || true; } \
     | xargs -r podman rmi >/dev/null
   echo "images: built $tag:$key in $seconds s ($(( size / 1048576 )) MiB)"
 done
