@@ -5,7 +5,7 @@ CONFIG ?= configs/local.yaml
 RUN_NAME ?= local-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vm setup-vm-osworld test test-fast run clean
+.PHONY: setup setup-vm setup-vm-osworld images test test-fast run clean
 
 setup:
 	@bash scripts/setup.sh
@@ -21,7 +21,12 @@ setup-vm: setup
 setup-vm-osworld: setup
 	@bash scripts/build_vm_image.sh osworld
 
-test: setup setup-vm
+# The CPU role images (podman on a Debian base made with mmdebstrap; docs/images.md): about
+# 10 min the first time, then seconds: each is tagged and recorded by its sources' hash.
+images:
+	@bash scripts/build_images.sh
+
+test: setup setup-vm images
 	@bash scripts/test.sh $(PYTEST_ARGS)
 
 test-fast: setup

@@ -1,7 +1,7 @@
 """Test-wide setup: 8 CPU devices for sharding tests, skips for missing hardware, and the
 session's random seed, and the one tiny policy every test shares (`tiny_dir`).
 
-Markers (pyproject.toml): slow, vllm, browser, gpu, tpu, osworld. `make test` runs every
+Markers (pyproject.toml): slow, vllm, browser, gpu, tpu, osworld, images. `make test` runs every
 test this machine can run; a test whose marker names hardware or a service that is absent
 is skipped with the reason, and pytest's summary (-ra) lists each skip.
 
@@ -43,13 +43,15 @@ def _missing(marker: str) -> str | None:
         return "needs vLLM (make setup installs the CPU build)"
     if marker == "browser" and not (shutil.which("chromium") and shutil.which("chromedriver")):
         return "needs chromium and chromedriver (make setup installs them)"
+    if marker == "images" and os.geteuid() != 0:
+        return "needs root: the images' base is made with mmdebstrap (make images)"
     return None
 
 
 def pytest_collection_modifyitems(config, items):
     cache: dict[str, str | None] = {}
     for item in items:
-        for marker in ("gpu", "tpu", "osworld", "vllm", "browser"):
+        for marker in ("gpu", "tpu", "osworld", "vllm", "browser", "images"):
             if item.get_closest_marker(marker) is None:
                 continue
             if marker not in cache:

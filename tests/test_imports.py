@@ -1,7 +1,7 @@
 """Install boundaries: each host imports only its own stack.
 
 A TPU host has no torch or vLLM, a GPU rollout host needs no JAX, an env host needs
-neither. Each check imports every module of the packages in a fresh interpreter and lists
+neither, and neither it nor the data manager needs tokenizers. Each check imports every module of the packages in a fresh interpreter and lists
 the forbidden stacks that got loaded.
 """
 
@@ -32,8 +32,9 @@ def loaded_forbidden(packages: list[str], forbidden: set[str]) -> list[str]:
     (["rollout_gpu", "dart_jax.wire"], {"jax", "jaxlib", "flax"}),
     (["dart_jax.wire", "dart_jax.config", "dart_jax.rundir", "dart_jax.logs"],
      {"jax", "flax", "torch", "vllm", "transformers"}),
-    (["envs"], {"jax", "flax", "torch", "vllm"}),
-    (["dart_jax.data"], {"jax", "flax", "torch", "vllm"}),
+    # the env and data-manager images (core, envs) install no tokenizers: their config loads without it
+    (["envs"], {"jax", "flax", "torch", "vllm", "tokenizers"}),
+    (["dart_jax.data", "dart_jax.run.schema"], {"jax", "flax", "torch", "vllm", "tokenizers"}),
     (["dart_jax.train", "dart_jax.models", "dart_jax.policy"], {"torch", "vllm"}),
 ])
 def test_role_imports_stay_in_their_stack(packages, forbidden):

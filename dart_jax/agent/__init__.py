@@ -1,7 +1,5 @@
-"""The agent side of the policy: UI-TARS prompts as token ids (no torch, no JAX)."""
+"""The agent side of the policy: UI-TARS prompts as token ids (no torch, no JAX).
 
-from dart_jax.agent.prompt import (ACTION_SPACE, COMPUTER_USE_PROMPT, SYSTEM_PROMPT, Prompt, PromptBuilder,
-                                   PromptConfig, build_messages, history_form, render)
-
-__all__ = ["ACTION_SPACE", "COMPUTER_USE_PROMPT", "SYSTEM_PROMPT", "Prompt", "PromptBuilder", "PromptConfig",
-           "build_messages", "history_form", "render"]
+`prompt` needs `tokenizers`; `actions` and `image_processing` (what env servers and the
+config loader import) need only numpy and PIL, so this package imports none of its modules.
+"""

@@ -1,6 +1,8 @@
 # dart-jax-envs: an env server host (MiniWoB++ in Debian's Chromium, the synthetic suite): no JAX, no torch.
 #   docker build -f deploy/docker/envs.Dockerfile -t dart-jax-envs .     (from the repository root)
-FROM python:3.11.11-slim-bookworm
+# BASE: the official image; scripts/build_images.sh passes a Debian-made one (docs/images.md).
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE}
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HOME=/home/dart XDG_CACHE_HOME=/home/dart/.cache \
     MINIWOB_CHROME_BINARY=/usr/bin/chromium MINIWOB_CHROMEDRIVER=/usr/bin/chromedriver
 RUN apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver \

@@ -5,7 +5,9 @@
 # A C compiler is in the image: Triton builds its driver stub at first use and FlashInfer's JIT
 # needs nvcc's host compiler. vLLM's, Triton's, FlashInfer's and Hugging Face's caches go to
 # /cache, a volume the user `dart` owns (mount one that persists to keep compiled kernels).
-FROM python:3.11.11-slim-bookworm
+# BASE: the official image; scripts/build_images.sh passes a Debian-made one (docs/images.md).
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE}
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HOME=/home/dart XDG_CACHE_HOME=/cache \
     VLLM_CACHE_ROOT=/cache/vllm TRITON_CACHE_DIR=/cache/triton FLASHINFER_WORKSPACE_BASE=/cache/flashinfer \
     HF_HOME=/cache/huggingface

@@ -4,7 +4,9 @@
 #   docker build -f deploy/docker/trainer-gpu.Dockerfile -t dart-jax-gpu .     (from the repository root)
 # A C compiler is in the image (Triton, FlashInfer's JIT); JAX's compilation cache and vLLM's,
 # Triton's, FlashInfer's and Hugging Face's caches go to /cache, a volume the user `dart` owns.
-FROM python:3.11.11-slim-bookworm
+# BASE: the official image; scripts/build_images.sh passes a Debian-made one (docs/images.md).
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE}
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HOME=/home/dart XDG_CACHE_HOME=/cache \
     VLLM_CACHE_ROOT=/cache/vllm TRITON_CACHE_DIR=/cache/triton FLASHINFER_WORKSPACE_BASE=/cache/flashinfer \
     HF_HOME=/cache/huggingface JAX_COMPILATION_CACHE_DIR=/cache/jax

@@ -1,10 +1,10 @@
 """deploy/docker: one image per role kind, each built from this checkout under its host kind's lock.
 
-No docker engine runs here, so nothing is built: each Dockerfile is parsed (dockerfile-parse)
-and held to what the build would do: the base image pinned to a patch release of the Python
-the project needs, the lock of its host kind copied in and every pip install constrained by
-it (tests/deploy/test_locks.py resolves each install line under it), extras that
-pyproject.toml defines, a real user with a home (GPU images: a C compiler and caches on a
+Each Dockerfile is parsed (dockerfile-parse) and held to what the build does (the CPU images
+are also built and run: tests/deploy/test_images.py): the default base image pinned to a
+patch release of the Python the project needs, the lock of its host kind copied in and
+every pip install constrained by it (tests/deploy/test_locks.py resolves each install line
+under it), extras that pyproject.toml defines, a real user with a home (GPU images: a C compiler and caches on a
 volume that user owns). The manifests' images (deploy/k8s) each have a Dockerfile.
 """
 
@@ -25,9 +25,12 @@ K8S_IMAGES = {"dart-jax-core": "core", "dart-jax-envs": "envs", "dart-jax-rollou
               "dart-jax-tpu": "trainer-tpu"}
 
 
+def parse(name: str) -> DockerfileParser:
+    return DockerfileParser(fileobj=(DOCKER / f"{name}.Dockerfile").open("rb"))
+
+
 def instructions(name: str) -> list[dict]:
-    parser = DockerfileParser(fileobj=(DOCKER / f"{name}.Dockerfile").open("rb"))
-    return [s for s in parser.structure if s["instruction"] != "COMMENT"]
+    return [s for s in parse(name).structure if s["instruction"] != "COMMENT"]
 
 
 def test_every_dockerfile_is_a_role_image():
@@ -37,8 +40,10 @@ def test_every_dockerfile_is_a_role_image():
 @pytest.mark.parametrize("name", sorted(IMAGES))
 def test_built_from_this_checkout_and_the_lock(name):
     steps = instructions(name)
-    assert steps[0]["instruction"] == "FROM"
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", steps[0]["value"])  # the project's Python, pinned
+    # the base a build argument (scripts/build_images.sh passes one made from Debian's packages);
+    # its default the official image of the project's Python, pinned
+    assert [s["instruction"] for s in steps[:2]] == ["ARG", "FROM"] and steps[1]["value"] == "${BASE}"
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", parse(name).baseimage)
     copies = [s["value"].split() for s in steps if s["instruction"] == "COPY"]
     assert [f"requirements/lock-{LOCKS[name]}.txt", "lock.txt"] in copies
     copied = {src for c in copies for src in c[:-1]}
