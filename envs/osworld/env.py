@@ -17,8 +17,9 @@ Infeasible tasks are scored the official way: 1 when the agent's last action is 
 
 `provider: remote` drives an already running VM at `http://HOST:5000`; `provider: qemu`
 boots one VM per slot on this host (envs/osworld/qemu.py) and resets it by restoring its ready
-snapshot. With desktop-env importable both use the official setup and evaluator (a remote
-VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
+snapshot, or the task's own snapshot after its setup once one is saved
+(envs/osworld/snapshots.py). With desktop-env importable both use the official setup and
+evaluator (a remote VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
 evaluator lie in envs/osworld/evaluation.py's subset run with the official semantics; other tasks
 are refused on reset. Tasks bundled with this repository (envs/osworld/tasks/, for the
 desktop image `make setup-vm` builds) are named by their id alone; with the slots'
@@ -52,6 +53,7 @@ from envs.config import OSWorldSlots
 from envs.osworld import evaluation, httpcall
 from envs.osworld.checkout import Checkout, load_task
 from envs.osworld.files import FileCache, task_urls
+from envs.osworld.snapshots import TaskSnapshots, snapshot_name
 from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
 
 log = logging.getLogger(__name__)
@@ -281,6 +283,7 @@ class OSWorldEnv:
         self.desktop = None  # desktop_env.DesktopEnv when the package is importable
         self.vm: VMClient | None = None
         self.machine = None  # envs.osworld.qemu.QemuVM for provider qemu
+        self.snapshots: TaskSnapshots | None = None  # the machine's task snapshots
         if spec.provider in ("remote", "qemu"):
             url = spec.remote_urls[index] if spec.provider == "remote" else self._boot(index)
             self.vm = VMClient(url, spec.http_timeout_s)
@@ -304,8 +307,12 @@ class OSWorldEnv:
 
     def _boot(self, index: int) -> str:
         from envs.osworld.qemu import QemuVM
-        self.machine = QemuVM(self.spec.qemu, (self.spec.screen_width, self.spec.screen_height), f"slot{index}")
-        return self.machine.start().url
+        q = self.spec.qemu
+        self.machine = QemuVM(q, (self.spec.screen_width, self.spec.screen_height), f"slot{index}")
+        url = self.machine.start().url
+        self.snapshots = TaskSnapshots(self.machine, q.task_snapshots, q.task_snapshot_mib,
+                                       self.machine.dir / "task-files")
+        return url
 
     def reset(self, task: Task) -> Observation:
         example = _example(task, self.spec)
@@ -314,14 +321,21 @@ class OSWorldEnv:
                             "subset (envs/osworld/evaluation.py); install desktop-env for the rest")
         self.files = self._file_cache(example) if self.desktop is None else None
         self.example, self.history = None, []
-        if self.machine is not None:
-            self.machine.restore()
+        shutil.rmtree(self.cache, ignore_errors=True)  # the episode's host files start empty
         if self.desktop is not None:
+            if self.machine is not None:
+                self.machine.restore()
             self.desktop.is_environment_used = False  # reverted above, or a remote VM used as it is
             obs = self.desktop.reset(task_config=example)
             self.example = example
             return self._observation(obs["screenshot"], obs.get("accessibility_tree"))
-        self._runner().setup(list(example.get("config") or []))
+        saved = snapshot_name(example, self.files, self.spec.task_dir) if self.snapshots else None
+        if not (saved and self.snapshots.restore(saved, self.cache)):
+            if self.machine is not None:
+                self.machine.restore()
+            self._runner().setup(list(example.get("config") or []))
+            if saved:
+                self.snapshots.save(saved, self.cache)
         self.example = example
         return self._observe()
 
