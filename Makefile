@@ -5,7 +5,7 @@ CONFIG ?= configs/local.yaml
 RUN_NAME ?= local-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vm setup-vm-osworld test test-fast run clean
+.PHONY: setup setup-vm setup-vm-osworld setup-osworld-eval test test-fast run clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,11 @@ setup-vm: setup
 # (scripts/vm_image/); much larger, and not built by `make test`.
 setup-vm-osworld: setup
 	@bash scripts/build_vm_image.sh osworld
+
+# desktop-env's own environment for OSWorld's evaluator sidecar (envs/osworld/sidecar.py):
+# .venv-osworld-eval, about 6.6 GB; not made by `make test` (its tests are then skipped).
+setup-osworld-eval: setup
+	@bash scripts/setup_osworld_eval.sh
 
 test: setup setup-vm
 	@bash scripts/test.sh $(PYTEST_ARGS)

@@ -116,6 +116,11 @@ class OSWorldSlots:
     settle_s: float = bounded(1.0, ge=0)  # pause after each action before the screenshot
     http_timeout_s: float = bounded(60.0, gt=0)
     observe_windows: bool = False
+    # OSWorld's own getters and metrics in a sidecar (envs/osworld/sidecar.py): the Python of
+    # desktop-env's environment (make setup-osworld-eval: .venv-osworld-eval/bin/python);
+    # empty: none, tasks outside envs/osworld/evaluation.py's evaluators are refused
+    eval_sidecar: str = ""
+    eval_timeout_s: float = bounded(120.0, gt=0)
     qemu: QemuSettings = QemuSettings()
 
     def __post_init__(self) -> None:
