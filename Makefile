@@ -5,7 +5,7 @@ CONFIG ?= configs/local.yaml
 RUN_NAME ?= local-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vm setup-vm-osworld images test test-fast run clean
+.PHONY: setup setup-vm setup-vm-osworld setup-osworld-eval images test test-fast run clean
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +25,11 @@ setup-vm-osworld: setup
 # 10 min the first time, then seconds: each is tagged and recorded by its sources' hash.
 images:
 	@bash scripts/build_images.sh
+
+# desktop-env's own environment for OSWorld's evaluator sidecar (envs/osworld/sidecar.py):
+# .venv-osworld-eval, about 6.6 GB; not made by `make test` (its tests are then skipped).
+setup-osworld-eval: setup
+	@bash scripts/setup_osworld_eval.sh
 
 test: setup setup-vm images
 	@bash scripts/test.sh $(PYTEST_ARGS)

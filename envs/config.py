@@ -68,7 +68,8 @@ class QemuSettings:
     loopback ports, and a memory + disk snapshot taken once the desktop answers, which every reset
     restores. `host_memory_mib` bounds what this server's VMs may take together (guest
     memory plus `overhead_mib` each): a config asking for more is refused, and a VM does
-    not start while the host has less memory available than it needs."""
+    not start while the host has less memory available than it needs. A task's first reset
+    on a VM saves a snapshot after its setup, which its later resets restore."""
     image_dir: str = ""  # empty: the image built from this checkout's sources (envs/osworld/image.py)
     image: Literal["desktop", "osworld"] = "desktop"  # the build target (osworld: make setup-vm-osworld)
     accel: Literal["auto", "kvm", "tcg"] = "auto"  # auto: KVM when /dev/kvm opens, else TCG
@@ -80,6 +81,10 @@ class QemuSettings:
     boot_timeout_s: float = bounded(300.0, gt=0)
     restore_timeout_s: float = bounded(60.0, gt=0)
     work_dir: str = ""  # overlays, sockets and console logs; empty: a fresh temporary folder
+    # a snapshot per task after its setup (envs/osworld/snapshots.py), per VM at most this
+    # many (0: none) and this much saved memory together; the least recently used go first
+    task_snapshots: int = bounded(8, ge=0)
+    task_snapshot_mib: int = bounded(4096, ge=0)
     kernel_args: str = "quiet nowatchdog"  # no soft-lockup noise when a loaded host starves the vCPU
 
 
@@ -111,6 +116,11 @@ class OSWorldSlots:
     settle_s: float = bounded(1.0, ge=0)  # pause after each action before the screenshot
     http_timeout_s: float = bounded(60.0, gt=0)
     observe_windows: bool = False
+    # OSWorld's own getters and metrics in a sidecar (envs/osworld/sidecar.py): the Python of
+    # desktop-env's environment (make setup-osworld-eval: .venv-osworld-eval/bin/python);
+    # empty: none, tasks outside envs/osworld/evaluation.py's evaluators are refused
+    eval_sidecar: str = ""
+    eval_timeout_s: float = bounded(120.0, gt=0)
     qemu: QemuSettings = QemuSettings()
 
     def __post_init__(self) -> None:

@@ -17,10 +17,12 @@ Infeasible tasks are scored the official way: 1 when the agent's last action is 
 
 `provider: remote` drives an already running VM at `http://HOST:5000`; `provider: qemu`
 boots one VM per slot on this host (envs/osworld/qemu.py) and resets it by restoring its ready
-snapshot. With desktop-env importable both use the official setup and evaluator (a remote
-VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
+snapshot, or the task's own snapshot after its setup once one is saved
+(envs/osworld/snapshots.py). With desktop-env importable both use the official setup and
+evaluator (a remote VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
 evaluator lie in envs/osworld/evaluation.py's subset run with the official semantics; other tasks
-are refused on reset. Tasks bundled with this repository (envs/osworld/tasks/, for the
+are refused on reset, unless the slots' `eval_sidecar` names desktop-env's environment: then
+getters and metrics outside the subset run in OSWorld's own code (envs/osworld/sidecar.py). Tasks bundled with this repository (envs/osworld/tasks/, for the
 desktop image `make setup-vm` builds) are named by their id alone; with the slots'
 `osworld_dir` (a checkout of OSWorld), a task named by its id with config `{"domain": ...}`
 is read from the checkout, and the files
@@ -52,6 +54,9 @@ from envs.config import OSWorldSlots
 from envs.osworld import evaluation, httpcall
 from envs.osworld.checkout import Checkout, load_task
 from envs.osworld.files import FileCache, task_urls
+from envs.osworld.sidecar import EvalSidecar
+from envs.osworld.sidecar_main import remote_desktop_env
+from envs.osworld.snapshots import TaskSnapshots, snapshot_name
 from envs.types import Action, EnvError, Observation, StepResult, Task, TaskError
 
 log = logging.getLogger(__name__)
@@ -281,11 +286,13 @@ class OSWorldEnv:
         self.desktop = None  # desktop_env.DesktopEnv when the package is importable
         self.vm: VMClient | None = None
         self.machine = None  # envs.osworld.qemu.QemuVM for provider qemu
+        self.snapshots: TaskSnapshots | None = None  # the machine's task snapshots
         if spec.provider in ("remote", "qemu"):
             url = spec.remote_urls[index] if spec.provider == "remote" else self._boot(index)
             self.vm = VMClient(url, spec.http_timeout_s)
             if _desktop_env_available():
-                self.desktop = _remote_desktop_env(url, spec)
+                self.desktop = remote_desktop_env(url, (spec.screen_width, spec.screen_height), spec.cache_dir,
+                                                  spec.os_type, spec.snapshot_name, spec.accessibility_tree)
         else:
             if not _desktop_env_available():
                 raise EnvError(f"OSWorld provider {spec.provider!r} needs the desktop-env package "
@@ -296,6 +303,9 @@ class OSWorldEnv:
                                       action_space="pyautogui", cache_dir=spec.cache_dir,
                                       screen_size=(spec.screen_width, spec.screen_height), headless=True,
                                       require_a11y_tree=spec.accessibility_tree, os_type=spec.os_type)
+        # OSWorld's own evaluators for what envs/osworld/evaluation.py lacks (started on first use)
+        self.sidecar = EvalSidecar(spec.eval_sidecar, call_timeout_s=spec.eval_timeout_s) \
+            if spec.eval_sidecar and self.desktop is None else None
         self.example: dict | None = None
         self.files: FileCache | None = None  # the file cache of the task under way
         self.history: list[str] = []
@@ -304,24 +314,36 @@ class OSWorldEnv:
 
     def _boot(self, index: int) -> str:
         from envs.osworld.qemu import QemuVM
-        self.machine = QemuVM(self.spec.qemu, (self.spec.screen_width, self.spec.screen_height), f"slot{index}")
-        return self.machine.start().url
+        q = self.spec.qemu
+        self.machine = QemuVM(q, (self.spec.screen_width, self.spec.screen_height), f"slot{index}")
+        url = self.machine.start().url
+        self.snapshots = TaskSnapshots(self.machine, q.task_snapshots, q.task_snapshot_mib,
+                                       self.machine.dir / "task-files")
+        return url
 
     def reset(self, task: Task) -> Observation:
         example = _example(task, self.spec)
-        if self.desktop is None and (missing := evaluation.unsupported(example)):
+        if self.desktop is None and (missing := evaluation.unsupported(example, evaluator=self.sidecar is None)):
             raise TaskError(f"OSWorld task {example['id']} uses {', '.join(missing)}: outside this host's "
-                            "subset (envs/osworld/evaluation.py); install desktop-env for the rest")
+                            "subset (envs/osworld/evaluation.py); install desktop-env for the rest"
+                            + ("" if self.sidecar else ", or set eval_sidecar for OSWorld's own evaluators"))
         self.files = self._file_cache(example) if self.desktop is None else None
         self.example, self.history = None, []
-        if self.machine is not None:
-            self.machine.restore()
+        shutil.rmtree(self.cache, ignore_errors=True)  # the episode's host files start empty
         if self.desktop is not None:
+            if self.machine is not None:
+                self.machine.restore()
             self.desktop.is_environment_used = False  # reverted above, or a remote VM used as it is
             obs = self.desktop.reset(task_config=example)
             self.example = example
             return self._observation(obs["screenshot"], obs.get("accessibility_tree"))
-        self._runner().setup(list(example.get("config") or []))
+        saved = snapshot_name(example, self.files, self.spec.task_dir) if self.snapshots else None
+        if not (saved and self.snapshots.restore(saved, self.cache)):
+            if self.machine is not None:
+                self.machine.restore()
+            self._runner().setup(list(example.get("config") or []))
+            if saved:
+                self.snapshots.save(saved, self.cache)
         self.example = example
         return self._observe()
 
@@ -344,6 +366,9 @@ class OSWorldEnv:
         if self.desktop is not None:
             return float(self.desktop.evaluate())
         last = self.history[-1] if self.history else None
+        if self.sidecar is not None and evaluation.unsupported(self.example):
+            return self.sidecar.evaluate(self.example, self.vm.url, last, self.cache / "sidecar",
+                                         (self.spec.screen_width, self.spec.screen_height))
         return self._runner().evaluate(self.example["evaluator"], last)
 
     def close(self) -> None:
@@ -355,6 +380,8 @@ class OSWorldEnv:
         """Stop the VM this slot booted (a no-op for VMs it did not start)."""
         if self.machine is not None:
             self.machine.kill()
+        if self.sidecar is not None:
+            self.sidecar.close()
         shutil.rmtree(self.cache, ignore_errors=True)
 
     def _file_cache(self, example: dict) -> FileCache | None:
@@ -406,27 +433,3 @@ def _desktop_env_available() -> bool:
     except Exception:  # absent, or broken by its pins: the caller says what is missing
         return False
 
-
-def _remote_desktop_env(url: str, spec: OSWorldSlots):
-    """A DesktopEnv bound to a running VM at `url`, without a provider: the attributes
-    `DesktopEnv._start_emulator` would set (desktop-env 1.0.2)."""
-    from desktop_env.controllers.python import PythonController
-    from desktop_env.controllers.setup import SetupController
-    from desktop_env.desktop_env import DesktopEnv
-
-    parts = urlsplit(url)
-    host, port = parts.hostname, parts.port or 5000
-    env = DesktopEnv.__new__(DesktopEnv)
-    env.__dict__.update(
-        region=None, provider_name="remote", enable_proxy=False, client_password="password",
-        screen_width=spec.screen_width, screen_height=spec.screen_height, server_port=port,
-        chromium_port=9222, vnc_port=8006, vlc_port=8080, current_use_proxy=False, manager=None,
-        provider=None, os_type=spec.os_type, is_environment_used=False, path_to_vm=url,
-        snapshot_name=spec.snapshot_name, cache_dir_base=spec.cache_dir, headless=True,
-        require_a11y_tree=spec.accessibility_tree, require_terminal=False, instruction=None,
-        action_space="pyautogui", _traj_no=-1, _step_no=0, action_history=[], vm_ip=host,
-        controller=PythonController(vm_ip=host, server_port=port),
-        setup_controller=SetupController(vm_ip=host, server_port=port, chromium_port=9222, vlc_port=8080,
-                                         cache_dir=spec.cache_dir, client_password="password",
-                                         screen_width=spec.screen_width, screen_height=spec.screen_height))
-    return env

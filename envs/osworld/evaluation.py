@@ -41,11 +41,15 @@ _UNTIL_TRIES, _UNTIL_PAUSE_S = 100, 0.3
 BROWSER_WAIT_S = 60.0  # a browser the task's setup launched takes this long at most to answer
 
 
-def unsupported(example: dict) -> list[str]:
-    """What the example uses outside this subset (empty: it runs here)."""
-    steps = list(example.get("config") or []) + list(example["evaluator"].get("postconfig") or [])
-    missing = [f"setup step {s.get('type')!r}" for s in steps
+def unsupported(example: dict, evaluator: bool = True) -> list[str]:
+    """What the example uses outside this subset (empty: it runs here); with `evaluator`
+    False, only its setup steps count (the evaluator runs elsewhere: envs/osworld/sidecar.py)."""
+    postconfig = list(example["evaluator"].get("postconfig") or []) if evaluator else []
+    missing = [f"setup step {s.get('type') if isinstance(s, dict) else s!r}"
+               for s in list(example.get("config") or []) + postconfig
                if not isinstance(s, dict) or s.get("type") not in SETUP_STEPS]
+    if not evaluator:
+        return missing
     funcs = _as_list(example["evaluator"]["func"])
     missing += [f"metric {f!r}" for f in funcs if f not in METRICS]
     if funcs != ["infeasible"]:

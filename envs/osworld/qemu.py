@@ -6,6 +6,8 @@
     vm.url              # http://127.0.0.1:PORT, the guest's port 5000 (user networking)
     vm.devtools_url     # http://127.0.0.1:PORT2, the guest's 9222 (the browser's DevTools)
     vm.restore()        # back to the ready snapshot (QMP/HMP loadvm): the reset
+    vm.save("task-x"); vm.restore("task-x"); vm.delete("task-x"); vm.snapshots()
+                        # more snapshots in the overlay (envs/osworld/snapshots.py)
     vm.kill()           # SIGKILL of QEMU's process group, files removed
 
 Booting takes a minute or more under TCG, so it happens once per host and configuration:
@@ -320,18 +322,35 @@ class QemuVM:
         except (urllib.error.URLError, OSError):
             return False
 
-    def restore(self) -> None:
-        """Memory and disk back to the ready snapshot; the server answers again."""
+    def restore(self, snapshot: str = SNAPSHOT) -> None:
+        """Memory and disk back to `snapshot` (the ready one by default); the server answers
+        again."""
         if not self.alive():
             raise EnvError(f"{self.name}: QEMU is not running (exit {self.process.returncode})")
         start = time.monotonic()
-        self.hmp(f"loadvm {SNAPSHOT}")
+        self.hmp(f"loadvm {snapshot}")
         self.loadvm_s = time.monotonic() - start
         deadline = start + self.settings.restore_timeout_s
         while not self._answers("/platform", timeout_s=5.0):
             if time.monotonic() > deadline:
                 raise EnvError(f"{self.name}: no answer {self.settings.restore_timeout_s:g} s after loadvm")
             time.sleep(0.1)
+
+    def save(self, snapshot: str) -> None:
+        """Memory and disk as they are now, as `snapshot` in the overlay (savevm; replaces
+        one of that name)."""
+        self.hmp(f"savevm {snapshot}")
+
+    def delete(self, snapshot: str) -> None:
+        self.hmp(f"delvm {snapshot}")
+
+    def snapshots(self) -> dict[str, int]:
+        """The overlay's snapshots: name -> bytes of saved memory (QMP query-block)."""
+        for device in self.qmp("query-block"):
+            image = (device.get("inserted") or {}).get("image") or {}
+            if image.get("filename") == str(self.dir / "overlay.qcow2"):
+                return {s["name"]: int(s.get("vm-state-size", 0)) for s in image.get("snapshots", [])}
+        raise EnvError(f"{self.name}: QEMU monitor: no overlay disk in query-block")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -150,12 +150,12 @@ def test_a_vm_killed_or_hung_mid_episode_is_replaced(vm_server, fault):
 # ---- without a VM ---------------------------------------------------------------------------
 
 def test_the_memory_budget_bounds_the_vms(monkeypatch):
-    from envs import qemu
+    from envs.osworld import qemu
     from envs.config import OSWorldSlots, QemuSettings
     with pytest.raises(ValueError, match="need 5120 MiB, over host_memory_mib 4096"):
         OSWorldSlots(provider="qemu", count=4, qemu=QemuSettings(memory_mib=1024, host_memory_mib=4096))
     monkeypatch.setattr(qemu, "available_mib", lambda: 1000)
-    monkeypatch.setattr(qemu.vm_image, "locate", lambda image_dir: None)
+    monkeypatch.setattr(qemu.vm_image, "locate", lambda image_dir, image: None)
     monkeypatch.setattr(qemu, "choose_accel", lambda accel, image: "tcg")
     with pytest.raises(EnvError, match="1000 MiB available, a VM needs 1280 MiB"):
         qemu.QemuVM(QemuSettings(memory_mib=1024), (1280, 800)).start()

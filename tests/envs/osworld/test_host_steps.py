@@ -139,8 +139,9 @@ def test_download_reaches_the_real_vm_through_its_upload_route(cached, tmp_path)
         assert env.evaluate() == 0.0
         blob = tmp_path / "files" / "sha256" / files.entries[url].sha256
         blob.write_bytes(b"x" * len(bodies[url]))
+        again = {**example, "id": "h4-download-again"}  # a task with no snapshot yet runs its setup
         with pytest.raises(TaskError, match="does not match its sha256"):
-            env.reset(task)
+            env.reset(Task("osworld/h4-download-again", "osworld", "h4-download-again", config={"example": again}))
     finally:
         env.close()
     assert json.loads((tmp_path / "files" / "manifest.json").read_text())["files"][url]["size"] == 3000

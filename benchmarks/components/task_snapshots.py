@@ -1,0 +1,69 @@
+"""A task's setup against the restore of its snapshot, per bundled task with a setup.
+
+    python -m benchmarks.components.task_snapshots [--resets 5] [--accel auto]
+
+One desktop VM (the `make setup-vm` image, started from its saved desktop, 1280x800,
+1024 MiB) through the OSWorld backend. For each bundled task with setup steps: `--resets`
+resets with task snapshots off (`loadvm ready`, the task's setup, the first observation:
+what every reset cost before), then the first reset with them on (the same, plus `savevm`
+of the task snapshot), then `--resets` resets that restore it (`loadvm task-...`, the first
+observation). Prints one JSON object last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from benchmarks.common import machine
+from envs.config import OSWorldSlots, QemuSettings
+from envs.osworld.env import OSWorldEnv, bundled_tasks
+from envs.types import Task
+
+
+def _timed(env: OSWorldEnv, task: Task) -> float:
+    start = time.monotonic()
+    env.reset(task)
+    return time.monotonic() - start
+
+
+def _summary(values: list[float]) -> dict:
+    return {"p50": round(statistics.median(values), 3), "max": round(max(values), 3),
+            "all": [round(v, 3) for v in values]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resets", type=int, default=5)
+    parser.add_argument("--accel", default="auto", choices=["auto", "kvm", "tcg"])
+    args = parser.parse_args()
+    slots = OSWorldSlots(provider="qemu", screen_width=1280, screen_height=800, observe_windows=True,
+                         http_timeout_s=60.0, qemu=QemuSettings(accel=args.accel, memory_mib=1024))
+    env = OSWorldEnv(slots)
+    out: dict = {"machine": machine(), "accel": env.machine.accel, "resets": args.resets, "tasks": {}}
+    try:
+        for name, example in sorted(bundled_tasks().items()):
+            if not example.get("config"):
+                continue
+            task = Task(f"osworld/{name}", "osworld", name)
+            bound = env.snapshots.max_count
+            env.snapshots.max_count = 0  # save nothing: every reset runs the setup
+            with_setup = [_timed(env, task) for _ in range(args.resets)]
+            env.snapshots.max_count = bound
+            first = _timed(env, task)
+            restored = [_timed(env, task) for _ in range(args.resets)]
+            saved = next(reversed(env.snapshots.sizes.values()))  # the one just saved
+            out["tasks"][name] = {"reset_with_setup_s": _summary(with_setup),
+                                  "first_reset_and_savevm_s": round(first, 3),
+                                  "reset_restoring_snapshot_s": _summary(restored),
+                                  "saved_memory_mib": round(saved / 2**20, 1)}
+            print(name, json.dumps(out["tasks"][name]), flush=True)
+    finally:
+        env.close()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
