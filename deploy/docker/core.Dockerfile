@@ -7,9 +7,14 @@ ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 HOME=/home/dart XDG_CACHE_HOME=/home/d
 RUN useradd --create-home --uid 1000 --user-group dart
 WORKDIR /opt/dart-jax
 COPY requirements/lock-cpu.txt lock.txt
-COPY pyproject.toml README.md ./
+# The dependencies first, a layer keyed on pyproject.toml and the lock alone (a change to the
+# sources reuses it): the build backend, the project's and the extra's requirements, under the lock.
+COPY pyproject.toml ./
+RUN python3 -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print(*p["build-system"]["requires"], *p["project"]["dependencies"], *p["project"]["optional-dependencies"][sys.argv[1]], sep="\n")' run > deps.txt \
+    && pip install --constraint lock.txt --requirement deps.txt && rm deps.txt
+COPY README.md ./
 COPY dart_jax dart_jax
 COPY rollout_gpu rollout_gpu
 COPY envs envs
-RUN pip install --constraint lock.txt ".[run]"
+RUN pip install --no-index --no-deps --no-build-isolation .
 USER dart

@@ -16,10 +16,15 @@ RUN apt-get -o DPkg::Lock::Timeout=300 update \
 RUN useradd --create-home --uid 1000 --user-group dart && install -d -o dart -g dart /cache
 WORKDIR /opt/dart-jax
 COPY requirements/lock-gpu.txt lock.txt
-COPY pyproject.toml README.md ./
+# The dependencies first, a layer keyed on pyproject.toml and the lock alone (a change to the
+# sources reuses it): the build backend, the project's and the extra's requirements, under the lock.
+COPY pyproject.toml ./
+RUN python3 -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print(*p["build-system"]["requires"], *p["project"]["dependencies"], *p["project"]["optional-dependencies"][sys.argv[1]], sep="\n")' gpu > deps.txt \
+    && pip install --constraint lock.txt --requirement deps.txt && rm deps.txt
+COPY README.md ./
 COPY dart_jax dart_jax
 COPY rollout_gpu rollout_gpu
 COPY envs envs
-RUN pip install --constraint lock.txt ".[gpu]"
+RUN pip install --no-index --no-deps --no-build-isolation .
 VOLUME /cache
 USER dart

@@ -7,8 +7,13 @@ FROM ${BASE}
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/dart-jax
 COPY requirements/lock-tpu.txt lock.txt
-COPY pyproject.toml README.md ./
+# The dependencies first, a layer keyed on pyproject.toml and the lock alone (a change to the
+# sources reuses it): the build backend, the project's and the extra's requirements, under the lock.
+COPY pyproject.toml ./
+RUN python3 -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print(*p["build-system"]["requires"], *p["project"]["dependencies"], *p["project"]["optional-dependencies"][sys.argv[1]], sep="\n")' tpu > deps.txt \
+    && pip install --constraint lock.txt --requirement deps.txt && rm deps.txt
+COPY README.md ./
 COPY dart_jax dart_jax
 COPY rollout_gpu rollout_gpu
 COPY envs envs
-RUN pip install --constraint lock.txt ".[tpu]"
+RUN pip install --no-index --no-deps --no-build-isolation .

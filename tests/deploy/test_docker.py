@@ -9,6 +9,8 @@ volume that user owns). The manifests' images (deploy/k8s) each have a Dockerfil
 """
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -21,6 +23,8 @@ DOCKER = ROOT / "deploy/docker"
 IMAGES = {"core": "run", "envs": "envs", "rollout": "rollout", "trainer-tpu": "tpu", "trainer-gpu": "gpu"}
 LOCKS = {"core": "cpu", "envs": "cpu", "rollout": "gpu", "trainer-tpu": "tpu", "trainer-gpu": "gpu"}
 CACHES = ("XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "HF_HOME")
+DEPENDENCIES = ('import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print(*p["build-system"]["requires"], '
+                '*p["project"]["dependencies"], *p["project"]["optional-dependencies"][sys.argv[1]], sep="\\n")')
 K8S_IMAGES = {"dart-jax-core": "core", "dart-jax-envs": "envs", "dart-jax-rollout": "rollout",
               "dart-jax-tpu": "trainer-tpu"}
 
@@ -49,8 +53,26 @@ def test_built_from_this_checkout_and_the_lock(name):
     copied = {src for c in copies for src in c[:-1]}
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert {p.rstrip("*") for p in packages["include"]} | {"pyproject.toml", "README.md"} <= copied
-    installs = [s["value"] for s in steps if s["instruction"] == "RUN" and "pip install" in s["value"]]
-    assert installs == [f'pip install --constraint lock.txt ".[{IMAGES[name]}]"']
+    # the dependencies, under the lock, in a layer before the sources are copied; then the
+    # package alone, built offline with the backend that layer installed
+    installs = [(i, " ".join(s["value"].split())) for i, s in enumerate(steps)
+                if s["instruction"] == "RUN" and "pip install" in s["value"]]
+    assert [v for _, v in installs] == [
+        f"python3 -c '{DEPENDENCIES}' {IMAGES[name]} > deps.txt"
+        " && pip install --constraint lock.txt --requirement deps.txt && rm deps.txt",
+        "pip install --no-index --no-deps --no-build-isolation ."]
+    before = {src for s in steps[:installs[0][0]] if s["instruction"] == "COPY" for src in s["value"].split()[:-1]}
+    assert before == {f"requirements/lock-{LOCKS[name]}.txt", "pyproject.toml"}
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_the_dependency_layer_lists_the_backend_the_project_and_the_extra(name, tmp_path):
+    (tmp_path / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    out = subprocess.run([sys.executable, "-c", DEPENDENCIES, IMAGES[name]], cwd=tmp_path, capture_output=True,
+                         text=True, check=True)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert out.stdout.splitlines() == [*project["build-system"]["requires"], *project["project"]["dependencies"],
+                                       *project["project"]["optional-dependencies"][IMAGES[name]]]
 
 
 @pytest.mark.parametrize("name", sorted(set(IMAGES) - {"trainer-tpu"}))  # libtpu opens the TPU devices as root
