@@ -102,8 +102,26 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
     assert twice.fns.compiles["score"] >= 1  # old logprobs came from the no-grad pass
 
 
+@pytest.fixture(scope="module")
+def _selecting(tiny_dir):
+    """One trainer with entropy selection on and its starting state: the selection tests share
+    its compiled functions (the scope is prepare_rl's, host-side, read from the cfg it is given)."""
+    tr = Trainer(_rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5)), tiny_dir, make_mesh(1, 1, 1))
+    return tr, jax.device_get(tr.state)
+
+
+@pytest.fixture
+def selecting(_selecting):
+    """The shared selecting trainer, back at its starting parameters and step 0."""
+    tr, start = _selecting
+    tr.state = jax.device_put(start, jax.tree.broadcast(tr.fns.state_shardings, start))
+    tr.step = 0
+    return tr
+
+
 def _selected(tr, cfg, rl, col):
-    """(entropy, weight, injected flag) of each step of `rl` as prepare_rl hands them to the loss."""
+    """(entropy, weight, injected flag) of each step of `rl` as prepare_rl hands them to the
+    loss, and the prepared batch."""
     prepared = prepare_rl(tr.fns, tr.state.params, tr.ref_params, rl, col, cfg)
     out = np.zeros((3, len(rl.reward_N)))
     for m, (mb, rows) in enumerate(zip(prepared.micro, prepared.rows)):
@@ -111,19 +129,20 @@ def _selected(tr, cfg, rl, col):
         for name, i in (("entropy", 0), ("weight", 1), ("injected", 2)):
             x = np.asarray(rows.scores.entropy_N if name == "entropy" else getattr(rows, f"{name}_N"))
             out[i, slots[slots >= 0]] = x[slots >= 0]
-    return out, prepared.metrics
+    return out, prepared
 
 
 @pytest.mark.parametrize("scope", ["batch", "balanced"])
-def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs, scope):
+def test_entropy_selection_drops_the_lowest_entropy_steps(selecting, tiny_dir, group_trajs, scope):
     """batch: the top half of the 8 steps by the policy's own step entropies; balanced: the
     top one of each (task, sign) cell's two steps, each group's signed weights still summing to
-    zero (adv/net 0). The kept steps are checked against the entropies the score pass gave."""
+    zero (adv/net 0). The kept steps are checked against the entropies the score pass gave;
+    the update then trains on that prepared batch (Trainer.update_rl's one update)."""
     col = collator(tiny_dir, 4)
     rl = layout_inline(group_trajs, col)
     cfg = _rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope=scope))
-    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
-    (ent, w, _), metrics = _selected(tr, cfg, rl, col)
+    (ent, w, _), prepared = _selected(selecting, cfg, rl, col)
+    metrics = jax.device_get(prepared.metrics)
     cells = [np.ones(8, bool)] if scope == "batch" else [
         (rl.group_N == g) & (rl.reward_N == r) for g in np.unique(rl.group_N) for r in (0.0, 1.0)]
     for cell in cells:
@@ -132,24 +151,23 @@ def test_entropy_selection_drops_the_lowest_entropy_steps(tiny_dir, group_trajs,
     assert len(set(np.round(ent, 6))) == 8  # distinct entropies: the order is not a tie's
     if scope == "balanced":
         assert abs(float(metrics["adv/net"])) < 1e-6
-    m = jax.device_get(tr.update_rl(rl, col))
+    m = jax.device_get(selecting._apply(selecting.gradients(prepared)) | prepared.metrics)
     assert int(m["batch/steps"]) == 8 and float(m["optim/rows"]) == 8
     assert float(m["select/kept_frac"]) == 0.5
 
 
-def test_the_injected_flag_reaches_selection_and_the_loss(tiny_dir, group_trajs):
+def test_the_injected_flag_reaches_selection_and_the_loss(selecting, tiny_dir, group_trajs):
     """Task t0's success comes from the pool (CuratedBatch.injected): both its steps are kept
     however low their entropy and marked for the loss (rows.injected_N); without the flag the
     same batch drops one of them (fraction 0.5, one kept step of each two-step cell)."""
     col = collator(tiny_dir, 4)
     cfg = _rl_cfg(selection=SelectionConfig(enabled=True, fraction=0.5, scope="balanced"))
-    tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
     pooled = group_trajs[0].traj_id
     flagged = layout_inline(group_trajs, col, injected=(pooled,))
-    (_, w, inj), _ = _selected(tr, cfg, flagged, col)
+    (_, w, inj), _ = _selected(selecting, cfg, flagged, col)
     own = np.array([flagged.trajectories[t].traj_id == pooled for t in flagged.traj_N])
     assert own.sum() == 2 and (w[own] > 0).all() and (inj == own).all()
-    (_, w_plain, inj_plain), _ = _selected(tr, cfg, layout_inline(group_trajs, col), col)
+    (_, w_plain, inj_plain), _ = _selected(selecting, cfg, layout_inline(group_trajs, col), col)
     assert (w_plain[own] > 0).sum() == 1 and not inj_plain.any()
 
 
@@ -280,7 +298,8 @@ def test_an_rl_update_favours_the_successes_over_the_failures(tiny_dir, group_tr
 
 @pytest.fixture(scope="module")
 def clip_batch(tiny_dir, group_trajs):
-    """One micro-batch of both tasks' steps, its row targets, the trainer and its log-probs."""
+    """One micro-batch of both tasks' steps, its row targets, the trainer, its log-probs and
+    the jitted gradient of step.rl_loss (the config static)."""
     cfg = _rl_cfg(loss=LossConfig(kl_coef=0.0, aggregation="seq_mean_token_mean"), tis=TISConfig(enabled=False))
     col = collator(tiny_dir, 8)
     tr = Trainer(cfg, tiny_dir, make_mesh(1, 1, 1))
@@ -288,7 +307,10 @@ def clip_batch(tiny_dir, group_trajs):
     assert len(prepared.micro) == 1
     mb, rows = prepared.micro[0], prepared.rows[0]
     logp, _ = token_scores(tr.fns.graphdef, tr.state.params, mb, cfg)
-    return cfg, tr, mb, rows, np.asarray(logp)
+    # the loss's gradient compiled once per config (clip_to, TIS) and shared by the cases
+    grad_fn = jax.jit(jax.grad(lambda c, p, b, r: step.rl_loss(tr.fns.graphdef, c, p, b, r), argnums=1,
+                               has_aux=True), static_argnums=0)
+    return cfg, tr, mb, rows, np.asarray(logp), grad_fn
 
 
 def _clip_case(clip_batch, clip_to: str, up: float, down: float, tis: bool = False, injected: bool = False):
@@ -296,7 +318,7 @@ def _clip_case(clip_batch, clip_to: str, up: float, down: float, tis: bool = Fal
     that each token's ratio pi_now / pi_behaviour is `up` where A > 0 and `down` where A < 0
     (the policy moved since it sampled them); returns (loss sums with UNIT denominators and
     the token count, gradient, advantages, weights)."""
-    cfg, tr, mb, rows, logp = clip_batch
+    cfg, tr, mb, rows, logp, grad_fn = clip_batch
     cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, clip_to=clip_to),
                               tis=TISConfig(enabled=tis, cap=2.0))
     rows = dataclasses.replace(rows, injected_N=rows.weight_N * float(injected))
@@ -305,8 +327,7 @@ def _clip_case(clip_batch, clip_to: str, up: float, down: float, tis: bool = Fal
     mask = np.asarray(mb.loss_mask_BxPxT)
     behaviour = (logp - shift).reshape(mask.shape) * mask
     mb = dataclasses.replace(mb, rollout_logp_BxPxT=behaviour.astype(np.float32))
-    grad_fn = jax.grad(lambda p: step.rl_loss(tr.fns.graphdef, cfg, p, mb, rows), has_aux=True)
-    grads, (sums, _, signs, counts) = grad_fn(tr.state.params)
+    grads, (sums, _, signs, counts) = grad_fn(cfg, tr.state.params, mb, rows)
     sums = {k: float(v) for k, v in jax.device_get(sums).items()} | {"tokens": float(counts.tokens)}
     sums |= {k: float(v) for k, v in jax.device_get(losses.sign_metrics(signs)).items()}
     return sums, jax.device_get(grads), adv, np.asarray(rows.weight_N)
