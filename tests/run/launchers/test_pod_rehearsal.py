@@ -27,6 +27,7 @@ rollout host pulled is the export's bytes.
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,8 +53,9 @@ from tests.hosts import Hosts
 from tests.run.launchers import gcloud_netns
 from tests.train import dm_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/sudo").exists(),
-                                                   reason="the rehearsal needs root (ip netns, useradd) and sudo")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    os.geteuid() != 0 or not all(map(shutil.which, ("sudo", "mount.nfs", "ip", "unshare", "runuser"))),
+    reason="the rehearsal needs root (ip netns, useradd) and sudo, nfs-common, iproute2, util-linux")]
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "configs/tpu/v5p-64.yaml"
 WORKERS, STEPS = ["slice0", "slice1"], 4
