@@ -130,13 +130,16 @@ def _committed(run: Path) -> list[int]:
     return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
 
 
+def _logs(hosts: Hosts) -> str:
+    return "\n".join((hosts[w].home / "dart-jax" / remote.LOG).read_text()[-2500:] for w in WORKERS
+                     if (hosts[w].home / "dart-jax" / remote.LOG).exists())
+
+
 def _wait(what: str, done, timeout_s: float, hosts: Hosts) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > deadline:
-            logs = "\n".join((hosts[w].home / "dart-jax" / remote.LOG).read_text()[-2500:] for w in WORKERS
-                             if (hosts[w].home / "dart-jax" / remote.LOG).exists())
-            pytest.fail(f"no {what} in {timeout_s:.0f} s:\n{logs}")
+            pytest.fail(f"no {what} in {timeout_s:.0f} s:\n{_logs(hosts)}")
         time.sleep(0.5)
 
 
@@ -214,7 +217,7 @@ def _rehearse(tmp_path: Path, hosts: Hosts, share: Path, policy: Path, monkeypat
         _submit(dm.wire, 100, 16)  # two more batches
         _wait("both trainers' exit", lambda: not _trainers(hosts), 600, hosts)
         _wait("both exit codes on the shared root", lambda: len(proc.exited()) == len(WORKERS), 5, hosts)
-        assert proc.exited() == {f"{hosts[w].name}-home-{hosts[w].name}-dart-jax": 0 for w in WORKERS}
+        assert proc.exited() == {f"{hosts[w].name}-home-{hosts[w].name}-dart-jax": 0 for w in WORKERS}, _logs(hosts)
     finally:
         launcher.env.runner(["gcloud", "compute", "tpus", "tpu-vm", "ssh", cfg.tpu.name, "--worker=all",
                              f"--command=bash {cfg.tpu.workdir}/{remote.LAUNCH} stop"], False)
