@@ -26,10 +26,11 @@ from dart_jax.wire.config import WeightSyncConfig
 TASKS = tuple(TaskEntry(task_id=f"t{i}", backend="synthetic", name="click-button", seed=i) for i in range(2))
 
 
-def dm_config(ipc: str) -> DataManagerConfig:
+def dm_config(ipc: str | WireConfig) -> DataManagerConfig:
     # every rollout stays fresh: trainers' version numbers differ (restarts republish)
     curation = CurationConfig(tasks_per_batch=2, group_size=4, max_staleness=1000)
-    return DataManagerConfig(wire=WireConfig(endpoint=ipc), curation=curation, tasks=TaskSourceConfig(tasks=TASKS))
+    wire = ipc if isinstance(ipc, WireConfig) else WireConfig(endpoint=ipc)
+    return DataManagerConfig(wire=wire, curation=curation, tasks=TaskSourceConfig(tasks=TASKS))
 
 
 def fill(root, n: int = 48) -> None:
@@ -47,11 +48,11 @@ def fill(root, n: int = 48) -> None:
     thread.join()
 
 
-def serve_copy(store, root) -> tuple[DataManagerConfig, threading.Event]:
-    """A data manager on a copy of `store` at `root`; set the event to stop it."""
+def serve_copy(store, root, wire: WireConfig | None = None) -> tuple[DataManagerConfig, threading.Event]:
+    """A data manager on a copy of `store` at `root` (on `wire`, else a socket there); set the event to stop it."""
     shutil.copytree(store, root, ignore=shutil.ignore_patterns("*.sock"))
     stop = threading.Event()
-    cfg = dm_config(f"ipc://{root}/dm.sock")
+    cfg = dm_config(wire or f"ipc://{root}/dm.sock")
     threading.Thread(target=serve, args=(cfg, root, stop), daemon=True).start()
     return cfg, stop
 
