@@ -21,13 +21,17 @@ export PIP_NO_CACHE_DIR=1
 
 want=$(cat scripts/setup.sh requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 
-need_apt() { [ -z "${DART_SKIP_APT:-}" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; }
+# chromium for MiniWoB++; sudo, mount.nfs (nfs-common), ip (iproute2), unshare and runuser
+# (util-linux) for the pod rehearsal's namespaced hosts (tests/run/launchers/test_pod_rehearsal.py)
+APT_PACKAGES="chromium chromium-driver sudo nfs-common iproute2 util-linux"
+need_apt() { [ -z "${DART_SKIP_APT:-}" ] && ! { for c in chromium chromedriver sudo mount.nfs ip unshare runuser; do
+  command -v $c || return 1; done; } >/dev/null; }
 
 install_apt() {
   local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  echo "setup: installing Debian chromium and chromium-driver"
+  echo "setup: installing Debian $APT_PACKAGES"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $APT_PACKAGES >/dev/null
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && ! need_apt; then
