@@ -31,6 +31,7 @@ from dart_jax.observe.learning import detect_collapse, success_curve
 from dart_jax.observe.live import Watcher
 from dart_jax.observe.records import RunReader
 from dart_jax.run import demos
+from dart_jax.run.launchers.remote import check_share_writable
 from dart_jax.run.schema import RunConfig
 from dart_jax.run.supervisor import RunFailed, Supervisor
 from dart_jax.rundir import MetricsWriter, RunDir
@@ -52,6 +53,7 @@ def prepare(cfg: RunConfig) -> tuple[RunDir, Path]:
     if (store := cfg.data.store.db_file(root)).exists():  # a store off the run directory (the head's disk)
         raise ConfigError("run config", "data.store.db_path", f"{store} holds another run's store; choose a path "
                           "for this run")
+    check_share_writable(cfg.tpu.shared_root, root.absolute())
     run = RunDir.create(root, config_yaml=dump(cfg))
     write_task_file(run.root / cfg.data.tasks.task_file, suite_tasks(cfg.tasks))
     return run, initial_policy(cfg, run)

@@ -25,7 +25,8 @@ def _shipped(path: Path, tmp_path: Path, monkeypatch) -> RunConfig:
         (tmp_path / cfg.policy.hf_dir).mkdir(parents=True)
         shutil.copy(ROOT / cfg.plan.model_config, tmp_path / cfg.policy.hf_dir / "config.json")
     overrides = [f"run.root={tmp_path / 'runs'}"]
-    if cfg.tpu.shared_root.kind != "none":
+    if cfg.tpu.shared_root.kind != "none":  # mounted on the head, as docs/cluster.md says
+        (tmp_path / "runs").mkdir()
         overrides.append(f"tpu.shared_root.path={tmp_path / 'runs'}")
     return load(RunConfig, path, overrides)
 

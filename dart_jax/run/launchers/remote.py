@@ -19,6 +19,9 @@ already holds the dependencies, so only the wheel is installed (--no-deps).
 from __future__ import annotations
 
 import dataclasses
+import getpass
+import grp
+import os
 import shlex
 import shutil
 import sys
@@ -105,6 +108,40 @@ def share_access(root: SharedRoot) -> str:
             f"getent group {gid} >/dev/null || sudo groupadd -g {gid} dart-jax\n"
             f"sudo usermod -aG \"$(getent group {gid} | cut -d: -f1)\" \"${{USER:-$(id -un)}}\"\n"
             f"sudo chgrp {gid} {path} && sudo chmod 2775 {path}")
+
+
+class ShareAccessError(UsageError):
+    """The head's user cannot write the shared run root (a fresh share, or a login from before
+    the user joined the share's group); the message names the command that fixes it."""
+
+
+def share_command(root: SharedRoot) -> str:
+    """The install's share step (share_access) as one command line a user runs on the head."""
+    return " && ".join(line for line in share_access(root).splitlines() if not line.startswith("#"))
+
+
+def check_share_writable(root: SharedRoot, directory: Path) -> None:
+    """Refuse, naming the fix, a run directory under an NFS shared root that this process cannot
+    make: the head makes the run directory before any slice host has installed (and made the
+    share writable). Not done with sudo here: a group joined now counts only from the user's
+    next login, so this process could not write the share anyway."""
+    share = Path(root.path)
+    if root.kind != "nfs" or not (directory == share or share in directory.parents):
+        return
+    if not share.is_dir():
+        raise ShareAccessError(f"the shared root {share} is not there: mount the share at it on this host first")
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if os.access(existing, os.W_OK | os.X_OK):
+        return
+    user = getpass.getuser()
+    if existing != share:
+        raise ShareAccessError(f"{existing} is not writable by {user}: choose another run.root or run.name")
+    group = next((g for g in grp.getgrall() if g.gr_gid == root.gid), None)
+    if group is not None and user in group.gr_mem and root.gid not in os.getgroups():
+        raise ShareAccessError(f"the shared root {share} is group {group.gr_name}'s, which {user} joined after this "
+                               f"login: log in again (or run under `sg {group.gr_name}`)")
+    raise ShareAccessError(f"the shared root {share} is not writable by {user}: run `{share_command(root)}` on this "
+                           f"host (the slice install's share step: group {root.gid}, mode 2775), then log in again")
 
 
 def install_script(t: TPUConfig, wheel: str) -> str:

@@ -21,6 +21,8 @@ from dart_jax.config import dump, load
 from dart_jax.run.schema import RunConfig
 from dart_jax.run.launchers import remote
 from dart_jax.run.launchers.config import SharedRoot
+from dart_jax.run import policy_dirs  # noqa: F401: prepare's import, loaded before a child runs it as a user
+from dart_jax.run.main import prepare
 from dart_jax.rundir import RunDir
 from dart_jax.wire import curve as curve_lib
 
@@ -107,6 +109,50 @@ def test_every_hosts_user_writes_a_fresh_share(hosts, tmp_path):
         assert again.returncode == 0, again.stderr
     finally:
         shutil.rmtree(share)
+        name = grp.getgrgid(gid).gr_name if gid in {g.gr_gid for g in grp.getgrall()} else None
+        if name:
+            subprocess.run(["groupdel", name], check=False)
+
+
+@as_root
+def test_a_head_that_cannot_write_a_fresh_share_is_told_the_one_command_that_lets_it(hosts, tmp_path, capfd):
+    """`dart-jax run`'s start (prepare) as a non-root head on a fresh share (root's 0755, a mount
+    point): refused on one line naming the share step; that command, then a new login, and the
+    same start makes the run directory on the share, the group's and group-writable."""
+    head = hosts[0]
+    share = Path("/tmp") / f"h1-share-{uuid.uuid4().hex[:8]}"  # reachable by every user, unlike tmp_path
+    policy = Path(f"{share}-policy")  # the head's policy, readable by its user (a config.json is what prepare checks)
+    share.mkdir(mode=0o755)
+    share.chmod(0o755)
+    policy.mkdir()
+    shutil.copy(ROOT / "configs/models/qwen2.5-vl-7b.config.json", policy / "config.json")
+    policy.chmod(0o755)
+    subprocess.run(["mount", "--bind", str(share), str(share)], check=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sudo").write_text('#!/bin/sh\nexec "$@"\n')  # the head's login has sudo (root here)
+    (bin_dir / "sudo").chmod(0o755)
+    gid = _free_gid()
+    cfg = load(RunConfig, ROOT / "configs/tpu/v5p-64.yaml",
+               [f"run.root={share}", f"tpu.shared_root.path={share}", f"tpu.shared_root.gid={gid}", f"policy.hf_dir={policy}",
+                f"data.store.db_path={share}-store/s.sqlite", f"data.store.blob_dir={share}-store/blobs"]).seeded()
+    try:
+        capfd.readouterr()
+        assert _forked_as(head, lambda: prepare(cfg)) == 1
+        err = capfd.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("dart_jax.run.launchers.remote.ShareAccessError: ") and head in err, err
+        command = err.split("`")[1]
+        assert command == remote.share_command(cfg.tpu.shared_root)
+        subprocess.run(["bash", "-euo", "pipefail", "-c", command], check=True, timeout=60,
+                       env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "USER": head})
+        assert _forked_as(head, lambda: prepare(cfg)) == 0  # a new login: initgroups reads the group
+        run = share / cfg.run.name
+        assert (run / "config.yaml").is_file() and run.stat().st_uid == pwd.getpwnam(head).pw_uid
+        assert (stat.S_IMODE(share.stat().st_mode), share.stat().st_gid, run.stat().st_gid) == (0o2775, gid, gid)
+        assert run.stat().st_mode & stat.S_IWGRP
+    finally:
+        subprocess.run(["umount", "--lazy", str(share)])
+        subprocess.run(["rm", "-rf", str(share), str(policy), f"{share}-store"])
         name = grp.getgrgid(gid).gr_name if gid in {g.gr_gid for g in grp.getgrall()} else None
         if name:
             subprocess.run(["groupdel", name], check=False)
