@@ -77,6 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dart_jax import logs
     from dart_jax.run import main
     cfg = _load_run_config(args)
+    main.check_share_writable(cfg.tpu.shared_root, (Path(cfg.run.root) / cfg.run.name).absolute())  # before its log
     logs.setup("run", Path(cfg.run.root) / cfg.run.name / "logs" / "run.log", cfg.run.log_level)
     main.stop_on_sigterm()
     try:

@@ -4,8 +4,9 @@
         hosts.head                       # this process's side of the bridge: the head's address
         hosts.run("slice0", ["id"], user=True)   # in slice0's network and UTS namespace, as its user
 
-A bridge in this namespace joins one veth pair per host on a private /24 (the head is the
-bridge's .1: this process, with its data manager, is the head). Every namespace gets
+A bridge in this namespace joins one veth pair per host on a private /24. The head is one of
+the hosts when `head` names it (`Hosts.up([...], head="head")`: `dart-jax run` runs in it),
+else the bridge's .1 (this process, with its data manager, is the head). Every namespace gets
 /etc/netns/NS/hosts (`ip netns exec` binds it over /etc/hosts) naming the head
 `dart-jax-head`, as the TPU configs expect, and every host by its name; each command runs in a
 fresh UTS namespace with the host's name, so `hostname` and `socket.getfqdn()` say it. A host's
@@ -28,8 +29,9 @@ HEAD_NAME = "dart-jax-head"
 
 # The interpreter the rehearsal's offline install reuses may lie under root's 0700 home (pyenv):
 # in the command's own mount namespace (ip netns exec makes one), /root becomes a 0711 tmpfs
-# through which only root's .pyenv is seen.
-_SEE_ROOT_PYTHON = ("{ [ ! -d /root/.pyenv ] || { mkdir -p /run/dart-jax-root && mount --bind /root /run/dart-jax-root"
+# through which only root's .pyenv is seen (recursively bound: a host's command may run inside another's
+# namespace, the fake gcloud inside the head's, where /root is that tmpfs already).
+_SEE_ROOT_PYTHON = ("{ [ ! -d /root/.pyenv ] || { mkdir -p /run/dart-jax-root && mount --rbind /root /run/dart-jax-root"
                     " && mount -t tmpfs -o mode=0711 none /root && mkdir /root/.pyenv"
                     " && mount --bind /run/dart-jax-root/.pyenv /root/.pyenv; }; }")
 
@@ -52,7 +54,7 @@ class Host:
 @dataclasses.dataclass(frozen=True)
 class Hosts:
     tag: str  # prefixes every name made here (namespaces, users, links, the bridge)
-    head: str  # the bridge's address: this process
+    head: str  # the head's address: its host's, or the bridge's (this process)
     hosts: dict[str, Host]
 
     def __getitem__(self, key: str) -> Host:
@@ -70,7 +72,7 @@ class Hosts:
 
     @classmethod
     @contextlib.contextmanager
-    def up(cls, keys: Sequence[str], tag: str | None = None) -> Iterator[Hosts]:
+    def up(cls, keys: Sequence[str], tag: str | None = None, head: str | None = None) -> Iterator[Hosts]:
         tag = tag or f"dj{os.getpid() % 100000}"
         net = f"10.213.{os.getpid() % 250}"
         hosts = {k: Host(f"{tag}-{k}", f"{net}.{10 + i}", 0) for i, k in enumerate(keys)}
@@ -80,7 +82,8 @@ class Hosts:
             made.append(("link", bridge))
             _sh("ip", "addr", "add", f"{net}.1/24", "dev", bridge)
             _sh("ip", "link", "set", bridge, "up")
-            names = "\n".join([f"127.0.0.1 localhost", f"{net}.1 {HEAD_NAME}",
+            head_address = hosts[head].address if head else f"{net}.1"
+            names = "\n".join([f"127.0.0.1 localhost", f"{head_address} {HEAD_NAME}",
                                *(f"{h.address} {h.name}" for h in hosts.values())]) + "\n"
             for k, h in hosts.items():
                 _sh("ip", "netns", "add", h.name)
@@ -98,13 +101,14 @@ class Hosts:
                 (etc / "hosts").write_text(names)
                 _sh("useradd", "--create-home", "--shell", "/bin/bash", h.name)
                 made.append(("user", h.name))
+                h.home.chmod(0o700)  # what one host's user has is no other's
                 uid = int(subprocess.run(["id", "-u", h.name], check=True, capture_output=True, text=True).stdout)
                 hosts[k] = dataclasses.replace(h, uid=uid)
             sudoers = Path("/etc/sudoers.d") / tag  # a TPU VM's login has passwordless sudo
             made.append(("etc", str(sudoers)))
             sudoers.write_text("".join(f"{h.name} ALL=(root) NOPASSWD: ALL\n" for h in hosts.values()))
             sudoers.chmod(0o440)
-            yield cls(tag, f"{net}.1", hosts)
+            yield cls(tag, head_address, hosts)
         finally:
             for kind, name in reversed(made):
                 _teardown(kind, name)

@@ -6,7 +6,10 @@
 namespace, its host name, as its user, in its home, with the environment a slice gives that
 worker); `tpu-vm scp FILES NAME:DEST --worker=all` copies the files into each worker's home
 and gives them to its user; `queued-resources describe` says ACTIVE, `tpu-vm describe`
-worker 0's address, `auth list` an account. Anything else is refused (exit 2).
+worker 0's address, `auth list` an account, `queued-resources delete` notes the id in
+bin_dir/released (the slice is given back). Anything else is refused (exit 2). Run by a user
+other than root (a head of its own), it runs itself again through sudo, as that user may:
+entering the hosts' namespaces takes root.
 """
 
 import json
@@ -24,7 +27,9 @@ def install(bin_dir: Path, hosts, workers: list[str], env_of: list[dict]) -> Pat
             "hosts": {k: [h.name, h.address, h.uid] for k, h in hosts.hosts.items()}}
     (bin_dir / "hosts.json").write_text(json.dumps(spec))
     script = bin_dir / "gcloud"
-    script.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+    script.write_text(f"#!{sys.executable}\nimport os, sys\n"
+                      "if os.geteuid():\n    os.execvp('sudo', ['sudo', '-n', sys.executable, __file__, *sys.argv[1:]])\n"
+                      f"sys.path.insert(0, {str(ROOT)!r})\n"
                       f"from tests.run.launchers.gcloud_netns import main\nsys.exit(main(sys.argv[1:], {str(bin_dir / 'hosts.json')!r}))\n")
     script.chmod(0o755)
     return script
@@ -44,6 +49,10 @@ def main(args: list[str], spec_path: str) -> int:
         return 0
     if args[:3] == ["compute", "tpus", "queued-resources"] and args[3] == "describe":
         print("ACTIVE")
+        return 0
+    if args[:4] == ["compute", "tpus", "queued-resources", "delete"]:
+        with open(Path(spec_path).parent / "released", "a") as f:
+            f.write(args[4] + "\n")
         return 0
     if args[:4] == ["compute", "tpus", "tpu-vm", "describe"]:
         print(hosts[workers[0]].address)

@@ -1,27 +1,31 @@
-"""The pod rehearsal: the shipped v5p-64 config's trainer submitted to two slice hosts, each its
-own network, name and Unix user, as `dart-jax run` submits it (launcher: tpu).
+"""The pod rehearsal: `dart-jax run configs/tpu/v5p-64.yaml` on a head of its own, the trainer
+submitted to two slice hosts (launcher: tpu), each host its own network, name and Unix user.
 
-What is real: `SliceLauncher.start` (what `dart-jax run`'s supervisor calls for the `trainer`
-row of configs/tpu/v5p-64.yaml) builds the wheel, ships it with the lock, the scripts and the
-trainer's config (slice_config: the slice's own policy path), and runs every gcloud command
-of submit; the `gcloud` on PATH only carries them to the hosts (gcloud_netns). Each host
-(tests.hosts) has its own network namespace, address and name, resolves the head as
-`dart-jax-head`, and runs as a user whose uid is its own; the shared run root starts
-root-owned 0755, bind-mounted on itself (a mount point, as the share is): the install's share
-step (sudo, group gid 2000, 2775) is what makes it writable. The config is the shipped file
-with overrides only for what this CPU machine must change (OVERRIDES): the tiny policy, CPU
-mesh and buckets, the run root, steps and checkpoints each step. The data manager is this
-process, on the bridge's address at the config's port (the head); JAX CPU with two devices a
-host stands in for the TPU, from TPU_WORKER_HOSTNAMES and TPU_WORKER_ID (the slice's
-variables); each host's weights bind 0.0.0.0 and are announced at its name (`advertise`).
-A rollout host, a third namespace, pulls every version from worker 0's address with a
-rollout worker's puller (rollout_gpu.pull, the vLLM-free part of its weight sync).
+What is real: the head (tests.hosts) is a network namespace with its own address, name and
+user, which every host resolves as `dart-jax-head`; there, as that user, from its own copy of
+this checkout, `dart-jax run` runs the config's placement: the data manager (its store on the
+head's disk), an env server (synthetic suites), a rollout worker with a vLLM CPU engine, and
+the trainer submitted by `SliceLauncher` (the wheel of the head's checkout, its lock, the
+scripts, the trainer's config with the slice's own policy path) through every gcloud command
+of submit; the `gcloud` on PATH only carries them to the slice hosts (gcloud_netns: ssh/scp
+into their namespaces as their users). The shared run root starts root-owned 0755,
+bind-mounted on itself (a mount point, as the share is): the head's first `dart-jax run`
+refuses it on one line naming the share step, the head runs that command (sudo) and the
+second run goes; each slice host's install runs the same step (group gid 2000, 2775). JAX CPU
+with two devices a host stands in for the TPU, from TPU_WORKER_HOSTNAMES and TPU_WORKER_ID
+(the slice's variables); each host's weights bind 0.0.0.0 and are announced at its name
+(`advertise`). A rollout host, a third namespace, pulls every version from worker 0's address
+with a rollout worker's puller (rollout_gpu.pull), recording each version's bytes.
 
-The data manager holds two batches: steps 1-2 train and checkpoint, and the trainer waits.
-Host 1's trainer is SIGKILLed; a second start (what the supervisor does for a dead trainer)
-relaunches both hosts, which resume from the shared checkpoint of step 2 once more rollouts
-arrive, train to step 4 and exit 0 (the exit codes on the shared root). The last version the
-rollout host pulled is the export's bytes.
+The config is the shipped file with overrides only for what this CPU machine must change
+(overrides): the tiny policy and what the vLLM CPU engine and JAX CPU take (e2e's sizes), a
+demos phase first (the tiny policy never succeeds on its own; UI-TARS does), two small
+synthetic suites, the run root, 4 steps and a checkpoint every step. Once step 2's checkpoint
+is on the share, host 1's trainer is SIGKILLed: its exit code on the shared root tells the
+supervisor within seconds, which submits the trainer again; both hosts resume from that
+checkpoint, train to step 4 and exit 0; the run ends with the queued resource deleted. The
+worker loaded at least 3 versions, every one the rollout host pulled too, and the last version
+pulled is the export's bytes.
 """
 
 import hashlib
@@ -41,38 +45,37 @@ import pytest
 
 from dart_jax.config import dump, load
 from dart_jax.run.launchers import remote
-from dart_jax.run.launchers.local import Instance
-from dart_jax.run.launchers.slice import SliceLauncher, SliceProcess
-from dart_jax.run.main import prepare, with_policy
 from dart_jax.run.schema import RunConfig
 from dart_jax.run.supervisor import instance_configs
-from dart_jax.testing.trajectories import text_trajectory
-from dart_jax.wire import Client
-from dart_jax.wire.messages import SubmitTrajectory
 from tests.hosts import Hosts
 from tests.run.launchers import gcloud_netns
-from tests.train import dm_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.skipif(
     os.geteuid() != 0 or not all(map(shutil.which, ("sudo", "mount.nfs", "ip", "unshare", "runuser"))),
     reason="the rehearsal needs root (ip netns, useradd) and sudo, nfs-common, iproute2, util-linux")]
 ROOT = Path(__file__).resolve().parents[3]
-SHIPPED = ROOT / "configs/tpu/v5p-64.yaml"
+SHIPPED = "configs/tpu/v5p-64.yaml"
 WORKERS, STEPS = ["slice0", "slice1"], 4
 
 
 def overrides(share: Path, policy: Path) -> list[str]:
     """What a CPU machine must change in the shipped config, and nothing else."""
     return [f"run.root={share}", f"tpu.shared_root.path={share}", "run.name=pod", "tpu.project=rehearsal",
-            "policy.hf_dir=tiny", f"tpu.setup_command=cp -r {policy} tiny",
-            "trainer.mesh.fsdp=4", "trainer.buckets.seq_lens=[128,256]", "trainer.buckets.num_slots=[64]",
-            "trainer.buckets.rows=2", f"trainer.steps={STEPS}", "trainer.batch_wait_s=600",
-            "trainer.checkpoint.every_steps=1", "trainer.checkpoint.async_save=false"]
+            "policy.hf_dir=tiny", f"tpu.setup_command=cp -r {policy} tiny", "run.phases=[demos, rl]",
+            "tasks.suites=[{backend: synthetic, names: [click-button, enter-text], train_seeds: 3, eval_seeds: 1}]",
+            "data.curation.tasks_per_batch=2", "data.curation.group_size=4", "data.curation.max_rollouts=4", "data.curation.default_max_steps=3",
+            "data.curation.max_steps=3", "rollout.episodes=4", "rollout.sampling.max_tokens=24",
+            "rollout.engine.max_model_len=4096", "trainer.mesh.fsdp=4", "trainer.buckets.seq_lens=[2048]",
+            "trainer.buckets.num_slots=[4096]", "trainer.buckets.rows=2", f"trainer.steps={STEPS}",
+            "trainer.batch_wait_s=600", "trainer.checkpoint.every_steps=1", "trainer.checkpoint.async_save=false"]
 
 
-def _slice_env(hosts: Hosts, worker: int) -> dict:
-    """What a slice gives each worker (its variables), and what the offline install reuses."""
-    return {"TPU_WORKER_HOSTNAMES": ",".join(hosts[w].name for w in WORKERS), "TPU_WORKER_ID": str(worker),
+def _slice_env(hosts: Hosts, worker: int, share: Path) -> dict:
+    """What a slice gives each worker (its variables), what the offline install reuses, and
+    JAX's compilation cache on the shared root (process 0 writes it, every host reads it: the
+    resumed trainer loads what the first launch compiled)."""
+    return {"JAX_COMPILATION_CACHE_DIR": f"{share}/.jax-cache", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "TPU_WORKER_HOSTNAMES": ",".join(hosts[w].name for w in WORKERS), "TPU_WORKER_ID": str(worker),
             "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
             "DART_PYTHON": sys.executable, "DART_DEPS_FROM": sysconfig.get_paths()["purelib"], "UV_OFFLINE": "1",
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
@@ -108,10 +111,11 @@ print(json.dumps(pulled))
 """
 
 
-def _puller(hosts: Hosts, cfg: RunConfig, worker0: str) -> subprocess.Popen:
+def _puller(hosts: Hosts, cfg: RunConfig) -> subprocess.Popen:
     """The rollout host's weight sync (a rollout worker's subscriber and puller, no engine),
     configured as `dart-jax run` configures a rollout worker (instance_configs: the weights at
-    worker 0's address, from gcloud); it prints every version's tensor digests when stopped."""
+    worker 0's address); it prints every version's tensor digests when stopped."""
+    worker0 = hosts[WORKERS[0]].address
     rollout = instance_configs(cfg, "rollout", 1, {cfg.weights.announce.endpoint: worker0,
                                                     cfg.weights.serve.endpoint: worker0})[0]
     path = hosts["rollout"].home / "rollout.yaml"
@@ -120,9 +124,31 @@ def _puller(hosts: Hosts, cfg: RunConfig, worker0: str) -> subprocess.Popen:
                                        env={"PYTHONPATH": str(ROOT)}), stdout=subprocess.PIPE, text=True)
 
 
+def _checkout(dest: Path, user: str) -> None:
+    """The head's own copy of this checkout (what `submit` builds its wheel from), its user's."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    dest.mkdir()
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    subprocess.run(["chown", "-R", f"{user}:{user}", str(dest)], check=True)
+
+
 def _trainers(hosts: Hosts) -> list[int]:
-    pids = [int((hosts[w].home / "dart-jax" / remote.PID).read_text()) for w in WORKERS]
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    pids = []
+    for w in WORKERS:
+        path = hosts[w].home / "dart-jax" / remote.PID
+        pid = int(path.read_text()) if path.exists() else 0
+        if pid and psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            pids.append(pid)
+    return pids
+
+
+def _trainer_of(launch: int) -> int:
+    """The trainer process (`dart-jax train`) under the launch's wrapper (launch.sh: setsid bash -c)."""
+    return next(p.pid for p in psutil.Process(launch).children() if "train" in p.cmdline())
 
 
 def _committed(run: Path) -> list[int]:
@@ -130,25 +156,9 @@ def _committed(run: Path) -> list[int]:
     return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
 
 
-def _logs(hosts: Hosts) -> str:
-    return "\n".join((hosts[w].home / "dart-jax" / remote.LOG).read_text()[-2500:] for w in WORKERS
-                     if (hosts[w].home / "dart-jax" / remote.LOG).exists())
-
-
-def _wait(what: str, done, timeout_s: float, hosts: Hosts) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} in {timeout_s:.0f} s:\n{_logs(hosts)}")
-        time.sleep(0.5)
-
-
-def _submit(wire, first: int, n: int) -> None:
-    rng = np.random.default_rng(first)
-    with Client(wire) as client:
-        for i in range(first, first + n):
-            client.request(SubmitTrajectory(trajectory=text_trajectory(
-                rng, f"r{i}", f"t{i % 2}", float(i % 3 == 0), prompt_len=(20, 120), response_len=(4, 30))), timeout_s=60)
+def _logs(hosts: Hosts, head_out: Path) -> str:
+    logs = [hosts[w].home / "dart-jax" / remote.LOG for w in WORKERS]
+    return "\n".join(p.read_text()[-2500:] for p in [*logs, head_out] if p.exists())
 
 
 def _digests(path: Path, dtype: str) -> dict[str, str]:
@@ -160,7 +170,7 @@ def _digests(path: Path, dtype: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def share(tmp_path):
+def share():
     """A fresh share: root's, 0755, a mount point (and the group the share step makes, removed after)."""
     group = subprocess.run(["getent", "group", "2000"], capture_output=True).returncode == 0
     path = Path(f"/tmp/dart-jax-rehearsal-{os.getpid()}")
@@ -173,64 +183,82 @@ def share(tmp_path):
         subprocess.run(["groupdel", "dart-jax"], capture_output=True)
 
 
-def test_shipped_v5p_config_trains_on_two_namespaced_hosts_and_resumes_after_a_host_dies(
-        tmp_path, tiny_dir, share, monkeypatch):
+def test_dart_jax_run_of_the_shipped_v5p_config_from_a_head_namespace_survives_a_dead_slice_host(
+        tmp_path, tiny_dir, share):
     policy = Path(f"{share}-policy")  # where the slice's setup_command fetches it from (readable by all)
     subprocess.run(["cp", "-r", str(tiny_dir), str(policy)], check=True)
     subprocess.run(["chmod", "-R", "a+rX", str(policy)], check=True)
-    with Hosts.up([*WORKERS, "rollout"]) as hosts:
+    with Hosts.up(["head", *WORKERS, "rollout"], head="head") as hosts:
         try:
-            _rehearse(tmp_path, hosts, share, policy, monkeypatch)
+            _rehearse(tmp_path, hosts, share, policy)
         finally:
             subprocess.run(["rm", "-rf", str(policy)])
 
 
-def _rehearse(tmp_path: Path, hosts: Hosts, share: Path, policy: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)  # submit writes what travels under .dart-jax/ here; the head's policy is here
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the head's own disk: the data manager's store
-    subprocess.run(["cp", "-r", str(policy), str(tmp_path / "tiny")], check=True)
-    cfg = load(RunConfig, SHIPPED, overrides(share, policy)).seeded()
+def _rehearse(tmp_path: Path, hosts: Hosts, share: Path, policy: Path) -> None:
+    head = hosts["head"]
+    checkout, bin_dir = head.home / "checkout", head.home / "bin"
+    _checkout(checkout, head.name)
+    subprocess.run(["cp", "-r", str(policy), str(checkout / "tiny")], check=True)  # the head's own policy
+    subprocess.run(["chown", "-R", f"{head.name}:{head.name}", str(checkout / "tiny")], check=True)
+    gcloud_netns.install(bin_dir, hosts, WORKERS, [_slice_env(hosts, i, share) for i in range(len(WORKERS))])
+    cfg = load(RunConfig, ROOT / SHIPPED, overrides(share, policy)).seeded()
     assert cfg.data.wire.endpoint == "tcp://dart-jax-head:5557"  # the shipped address, resolved by every host
-    # the head joins the share's group by hand (docs/cluster.md), with the install's own share step
-    subprocess.run(["bash", "-c", remote.share_access(cfg.tpu.shared_root)], check=True)
-    run_dir, head_policy = prepare(cfg)  # `dart-jax run`'s start: the run directory, the task file, the policy
-    store = tmp_path / "store"
-    dm_store.fill(store, n=16)  # two batches of 2 tasks x groups of 4
-    wire = dict(endpoint=f"tcp://{hosts.head}:5557", allow_remote=True)
-    dm, stop_dm = dm_store.serve_copy(store, tmp_path / "dm", type(cfg.data.wire)(**wire))
-    trainer_yaml = run_dir.root / "roles" / "trainer.yaml"  # the head's config: its own absolute policy path
-    trainer_yaml.parent.mkdir(exist_ok=True)
-    trainer_yaml.write_text(dump(with_policy(cfg, head_policy)))
-    instance = Instance("trainer", "trainer", trainer_yaml, tmp_path / "trainer.log")
-    gcloud_netns.install(tmp_path / "bin", hosts, WORKERS, [_slice_env(hosts, i) for i in range(len(WORKERS))])
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    launcher, run = SliceLauncher(cfg), run_dir.root
-    worker0 = SliceProcess(cfg, launcher.env).host()
-    assert worker0 == hosts[WORKERS[0]].address
-    puller = _puller(hosts, cfg, worker0)
+    env = {"PYTHONPATH": str(checkout), "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin:/sbin"}
+
+    def on_head(argv: list[str]) -> list[str]:
+        return hosts.argv("head", ["bash", "-c", f'cd {checkout} && exec "$@"', "run", *argv], env=env)
+
+    run_argv = on_head([sys.executable, "-m", "dart_jax.cli", "run", SHIPPED, *overrides(share, policy)])
+    # a fresh share: the head's user cannot make the run directory; one line names the fix
+    first = subprocess.run(run_argv, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 2 and first.stderr.count("\n") == 1, first.stderr[-3000:]
+    assert f"the shared root {share} is not writable by {head.name}" in first.stderr, first.stderr
+    fix = first.stderr.split("`")[1]
+    assert fix == remote.share_command(cfg.tpu.shared_root)
+    subprocess.run(on_head(["bash", "-euo", "pipefail", "-c", fix]), check=True, timeout=60)
+
+    out, err = tmp_path / "run.out", head.home / "run.err"
+    puller = _puller(hosts, cfg)
+    run = share / cfg.run.name
+    start = time.monotonic()
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen(run_argv, stdout=stdout, stderr=stderr)  # a new login: the group counts
     try:
-        proc = launcher.start(instance)
-        _wait("checkpoint of step 2", lambda: 2 in _committed(run) or proc.exited(), 600, hosts)
-        assert not proc.exited() and _committed(run) == [1, 2]  # the third batch has not come
-        os.kill(_trainers(hosts)[1], signal.SIGKILL)  # host 1 dies
-        proc = launcher.start(instance)  # what the supervisor does for a dead trainer: submit again
-        _submit(dm.wire, 100, 16)  # two more batches
-        _wait("both trainers' exit", lambda: not _trainers(hosts), 600, hosts)
-        _wait("both exit codes on the shared root", lambda: len(proc.exited()) == len(WORKERS), 5, hosts)
-        assert proc.exited() == {f"{hosts[w].name}-home-{hosts[w].name}-dart-jax": 0 for w in WORKERS}, _logs(hosts)
+        while not (2 in _committed(run) and len(_trainers(hosts)) == len(WORKERS)):
+            assert proc.poll() is None, _logs(hosts, err)
+            assert time.monotonic() - start < 600, f"no checkpoint of step 2 in 600 s:\n{_logs(hosts, err)}"
+            time.sleep(0.5)
+        resume_at = _committed(run)[-1]
+        # host 1's trainer dies (the launch's wrapper lives to write its exit code): the supervisor submits again
+        os.kill(_trainer_of(_trainers(hosts)[1]), signal.SIGKILL)
+        proc.wait(timeout=600 - (time.monotonic() - start))
     finally:
-        launcher.env.runner(["gcloud", "compute", "tpus", "tpu-vm", "ssh", cfg.tpu.name, "--worker=all",
-                             f"--command=bash {cfg.tpu.workdir}/{remote.LAUNCH} stop"], False)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
         puller.send_signal(signal.SIGTERM)
         pulled = json.loads(puller.communicate(timeout=60)[0] or "{}")
-        stop_dm.set()
+    assert proc.returncode == 0, _logs(hosts, err)
+    summary = json.loads(out.read_text().strip().splitlines()[-1])
+    assert summary["rl_steps"] == STEPS and summary["restarts"] == {"trainer": 1}, json.dumps(summary)
+    assert summary["demo_successes"] > 0 and summary["pool_imported"] > 0, json.dumps(summary)
+    assert (bin_dir / "released").read_text().split() == [cfg.tpu.queued_resource_id]  # nothing bills on
 
-    assert _committed(run)[-1] == STEPS
     log = (run / "logs" / "trainer.log").read_text()
-    assert log.count("resumed at step 2") == len(WORKERS), log[-3000:]  # both hosts, from the shared checkpoint
-    for w in WORKERS:  # every host ran as its own user, not the head's, and wrote to the share through the group
-        assert hosts[w].uid not in (0, os.getuid())
+    assert log.count(f"resumed at step {resume_at}") == len(WORKERS), log[-3000:]  # both hosts, the shared checkpoint
+    exits = Path(remote.exit_dir(cfg.tpu))
+    assert {f.name: f.read_text().strip() for f in exits.iterdir()} == {
+        f"{hosts[w].name}-home-{hosts[w].name}-dart-jax": "0" for w in WORKERS}
+    uids = [head.uid, *(hosts[w].uid for w in WORKERS)]  # every host its own user, none root
+    assert 0 not in uids and len(set(uids)) == len(uids)
+    assert run.stat().st_uid == head.uid  # `dart-jax run` made the run directory as the head's user
     assert (share.stat().st_mode & 0o7777, share.stat().st_gid) == (0o2775, cfg.tpu.shared_root.gid)
-    assert len(pulled) >= 3, sorted(pulled)  # versions before the kill and after the resume
+    # the worker on the head loaded versions the trainer on the slice served, over TCP across namespaces
+    syncs = [json.loads(line) for line in (run / "metrics" / "rollout-rollout-0.jsonl").read_text().splitlines()
+             if "sync_version" in line]
+    loaded = {s["sync_version"] for s in syncs if s["sync_ok"]}
+    assert len(loaded) >= 3 and loaded <= {int(v) for v in pulled}, (syncs, sorted(pulled))
+    assert max(map(int, pulled)) == summary["policy_versions"]  # the resumed trainer published its restored state too
     last = pulled[max(pulled, key=int)]  # what travels is the export in the weights' dtype
     assert last == _digests(run / "export" / f"step-{STEPS}" / "model.safetensors", cfg.weights.dtype)
