@@ -8,15 +8,25 @@ is skipped with the reason, and pytest's summary (-ra) lists each skip.
 Randomized tests take the `seed` fixture: `--seed N`, else $DART_TEST_SEED, else a fresh
 one. It is printed in the header and in the report of every failing test that used it,
 so `pytest --seed N` replays a failure exactly.
+
+JAX's persistent compilation cache is on for the session, in a directory of its own removed at
+the end (unless $JAX_COMPILATION_CACHE_DIR names one): the suite builds the same tiny trainer
+in many tests and restarts trainers in subprocesses, which inherit it, so a program compiles
+once a session; a test cannot see an earlier session's programs.
 """
 
 import importlib.util
 import os
 import random
 import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_SESSION_XLA_CACHE = None if "JAX_COMPILATION_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="dart-jax-xla-")
+if _SESSION_XLA_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _SESSION_XLA_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import pytest  # noqa: E402
 
@@ -73,6 +83,11 @@ def pytest_configure(config):
     if seed is None:
         seed = int(os.environ.get("DART_TEST_SEED") or random.SystemRandom().randrange(2**32))
     config.stash[_SEED] = seed
+
+
+def pytest_unconfigure(config):
+    if _SESSION_XLA_CACHE:
+        shutil.rmtree(_SESSION_XLA_CACHE, ignore_errors=True)
 
 
 def pytest_report_header(config):

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
+
 TOP = 12
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+), (.*):$")
 _VALUE = re.compile(r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=\d+\): (.*)$")
@@ -30,13 +32,18 @@ _VALUE = re.compile(r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=\d+\): (.*
 @contextlib.contextmanager
 def dumping() -> Iterator[Path]:
     """XLA dumps every module this process compiles from here on into a temporary directory,
-    removed at the end. XLA reads its flags when the backend starts: enter before that."""
+    removed at the end. XLA reads its flags when the backend starts: enter before that.
+    JAX's persistent compilation cache is off meanwhile: its key ignores the dump flags, so a
+    program found there would be loaded, not compiled, and leave no plan."""
     before = os.environ.get("XLA_FLAGS")
+    cached = jax.config.jax_enable_compilation_cache
     with tempfile.TemporaryDirectory(prefix="xla_dump_") as path:
         os.environ["XLA_FLAGS"] = f"{before or ''} --xla_dump_to={path} --xla_dump_hlo_as_text".strip()
+        jax.config.update("jax_enable_compilation_cache", False)
         try:
             yield Path(path)
         finally:
+            jax.config.update("jax_enable_compilation_cache", cached)
             if before is None:
                 os.environ.pop("XLA_FLAGS", None)
             else:

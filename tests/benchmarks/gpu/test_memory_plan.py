@@ -1,9 +1,13 @@
 """What XLA's plan holds: allocations by kind and the largest values, from its buffer assignment."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from benchmarks.gpu import memory_plan
 
+ROOT = Path(__file__).resolve().parents[3]
 ASSIGNMENT = """BufferAssignment:
 allocation 0: size 4096, parameter 0, shape |f32[32,32]| at ShapeIndex {}:
  value: <3 p0 @0> (size=4096,offset=0): f32[32,32]{1,0}
@@ -47,3 +51,30 @@ def test_dumping_sets_xlas_flags_and_leaves_nothing_behind(monkeypatch):
         assert dump.is_dir() and f"--xla_dump_to={dump}" in os.environ["XLA_FLAGS"]
         assert os.environ["XLA_FLAGS"].startswith("--xla_force_host_platform_device_count=1 ")
     assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1" and not dump.exists()
+
+
+PLAN_OF_A_CACHED_PROGRAM = """
+import sys
+import jax, jax.numpy as jnp
+from benchmarks.gpu import memory_plan
+
+step = jax.jit(lambda x: (jnp.tanh(x) @ x.T).sum())
+if sys.argv[1] == "fill":
+    step(jnp.ones((64, 64))).block_until_ready()
+else:
+    with memory_plan.dumping() as dump:
+        step.lower(jnp.ones((64, 64))).compile()
+        print(memory_plan.largest(dump) is not None)
+"""
+
+
+def test_a_program_in_jaxs_compilation_cache_still_leaves_its_plan(tmp_path):
+    """JAX's cache key ignores the dump flags: were the cache on while dumping, a program a
+    previous process compiled would be loaded from it and XLA would write no plan."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": str(tmp_path),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    run = lambda what: subprocess.run([sys.executable, "-c", PLAN_OF_A_CACHED_PROGRAM, what], cwd=ROOT, env=env,  # noqa: E731
+                                      capture_output=True, text=True, check=True).stdout.strip()
+    run("fill")
+    assert any(tmp_path.iterdir())  # the program is in the cache
+    assert run("dump") == "True"
