@@ -104,11 +104,12 @@ def trace(run_dir: Path, cfg: RunConfig) -> list[dict]:
 def task_trainer_trace(run_dir: Path) -> dict[str, dict]:
     """Per task of the run's per-task trainer log: the batches it was in, kept_frac (steps
     kept / steps, over the batches with selection on) and tis/weight_{pos,neg} (means over
-    the tokens of every batch); None where never logged."""
+    the tokens of every batch); None where never logged. A step logged twice (a resumed
+    trainer replays the batches after its checkpoint) counts once, as last logged."""
     path = run_dir / "metrics" / "trainer_tasks.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     sums: dict[str, dict[str, float]] = {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        r = json.loads(line)
+    for r in {(r["step"], r["task"]): r for r in lines}.values():
         s = sums.setdefault(r["task"], dict.fromkeys(("batches", "steps", "kept", "w_pos", "n_pos", "w_neg", "n_neg"), 0.0))
         s["batches"] += 1
         if r["kept"] is not None:

@@ -118,9 +118,11 @@ def test_the_trace_reads_each_tasks_rollouts_budget_cap_and_injections(tmp_path)
                                     injected=("p0",))])
     store.close()
     # the trainer's per-task log, as train.main writes it: form/1 in two batches (kept 3 of 4
-    # steps each; TIS + 1.2 on 10 tokens then 1.0 on 30, TIS - 0.8 on 30 then none), form/0 in one
+    # steps each; TIS + 1.2 on 10 tokens then 1.0 on 30, TIS - 0.8 on 30 then none; step 1
+    # logged twice), form/0 in one
     tasks = MetricsWriter(run.metrics_path("trainer_tasks"))
     write = task_writer(tasks)
+    write(1, (TaskTrace("synthetic/form/1", 4, 1, 0.5, 10, 0.5, 30),))  # replayed after a resume: the next line counts
     write(1, (TaskTrace("synthetic/form/1", 4, 3, 1.2, 10, 0.8, 30),))
     write(2, (TaskTrace("synthetic/form/1", 4, 3, 1.0, 30, None, 0), TaskTrace("synthetic/form/0", 2, 2, None, 0, None, 0)))
     tasks.close()
