@@ -19,9 +19,12 @@ same episodes within a seed, its 95% interval clustered by held-out task over ev
 The trace (`trace.jsonl` under `--work`, one line per run and train task, summarised per row in
 a second table): rollouts the task got, the rollout count and step cap the scheduler gives it at
 the run's end (dynamic rollouts, dynamic length), its rollouts cut at the cap, the pool's
-injections into its groups, and, per batch from the trainer's log (batch-wide: the trainer logs
-no per-task figures), the kept fraction of entropy selection and the mean TIS weight by sign.
-The last line is one JSON object.
+injections into its groups, and from the trainer's per-task log (metrics/trainer_tasks.jsonl:
+train.task_trace) the batches it was in, the fraction of its steps entropy selection kept and
+its mean TIS weight by the advantage's sign (None where the trainer scored no old log-probs:
+TIS alone, one update a batch). The second table gives each row's spread of those over its
+tasks (min-max) beside the batch means of the trainer's log (kept fraction, TIS weight by
+sign, the token-level net push). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ ROWS = (("plain GRPO", ()), ("+ pool", ("pool",)), ("+ dynamic rollouts", ("roll
         ("+ dynamic length", ("length",)), ("+ entropy selection", ("selection",)), ("+ TIS", ("tis",)),
         ("full", ORDER))  # (label, pieces of curation_ablation.ORDER on)
 TRAINER_TRACE = ("select/kept_frac", "tis/weight_pos", "tis/weight_neg", "push/net")
+TASK_TRACE = ("kept_frac", "tis/weight_pos", "tis/weight_neg")  # per task, from metrics/trainer_tasks.jsonl
 
 
 def overrides(cfg: RunConfig, on: tuple[str, ...]) -> list[str]:
@@ -90,9 +94,35 @@ def trace(run_dir: Path, cfg: RunConfig) -> list[dict]:
         budget = {t.task_id: scheduler.rollout_budget(t.task_id) for t in scheduler.tasks}
     finally:
         store.close()
+    trainer = task_trainer_trace(run_dir)
     return [{"task": task, "rollouts": n, "successes": wins, "truncated": cut, "injected": injected.get(task, 0),
-             "rollouts_given": budget[task][0], "step_cap": budget[task][1]}
+             "rollouts_given": budget[task][0], "step_cap": budget[task][1],
+             **trainer.get(task, {"batches": 0} | dict.fromkeys(TASK_TRACE))}
             for task, n, wins, cut in per_task if task in budget]
+
+
+def task_trainer_trace(run_dir: Path) -> dict[str, dict]:
+    """Per task of the run's per-task trainer log: the batches it was in, kept_frac (steps
+    kept / steps, over the batches with selection on) and tis/weight_{pos,neg} (means over
+    the tokens of every batch); None where never logged. A step logged twice (a resumed
+    trainer replays the batches after its checkpoint) counts once, as last logged."""
+    path = run_dir / "metrics" / "trainer_tasks.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    sums: dict[str, dict[str, float]] = {}
+    for r in {(r["step"], r["task"]): r for r in lines}.values():
+        s = sums.setdefault(r["task"], dict.fromkeys(("batches", "steps", "kept", "w_pos", "n_pos", "w_neg", "n_neg"), 0.0))
+        s["batches"] += 1
+        if r["kept"] is not None:
+            s["steps"] += r["steps"]
+            s["kept"] += r["kept"]
+        for sign in ("pos", "neg"):
+            if r[f"tis/weight_{sign}"] is not None:
+                s[f"w_{sign}"] += r[f"tis/weight_{sign}"] * r[f"tis/tokens_{sign}"]
+                s[f"n_{sign}"] += r[f"tis/tokens_{sign}"]
+    ratio = lambda x, n: x / n if n else None  # noqa: E731
+    return {task: {"batches": int(s["batches"]), "kept_frac": ratio(s["kept"], s["steps"]),
+                   "tis/weight_pos": ratio(s["w_pos"], s["n_pos"]), "tis/weight_neg": ratio(s["w_neg"], s["n_neg"])}
+            for task, s in sums.items()}
 
 
 def trainer_trace(run_dir: Path) -> dict[str, float | None]:
@@ -108,10 +138,15 @@ def trainer_trace(run_dir: Path) -> dict[str, float | None]:
 
 def summarise(label: str, tasks: list[dict], trainer: list[dict]) -> dict:
     """A row's trace over its runs: rollouts, final budgets and caps, cut-offs, injections
-    (means over task-runs), and the trainer's batch means (over runs that logged them)."""
+    (means over task-runs), the spread of the per-task kept fraction and TIS weights over
+    task-runs ("per_task/" + key: [min, max], None where no task has one), and the trainer's
+    batch means (over runs that logged them)."""
     n = max(len(tasks), 1)
     mean = lambda key: sum(t[key] for t in tasks) / n  # noqa: E731
     out = {"config": label, **{k: mean(k) for k in ("rollouts", "rollouts_given", "step_cap", "truncated", "injected")}}
+    for key in TASK_TRACE:
+        xs = [t[key] for t in tasks if t.get(key) is not None]
+        out[f"per_task/{key}"] = [min(xs), max(xs)] if xs else None
     for key in TRAINER_TRACE:
         xs = [t[key] for t in trainer if t[key] is not None]
         out[key] = sum(xs) / len(xs) if xs else None
@@ -129,13 +164,17 @@ def table(rows: list[dict], title: str) -> str:
 
 
 def trace_table(summaries: list[dict]) -> str:
+    """Per row: the store's means per task-run, the per-task spreads (min-max over task-runs)
+    and the trainer's batch means."""
     head = (f"{'configuration':<20} {'rollouts/task':>13} {'given':>6} {'cap':>5} {'cut':>5} {'injected':>8} "
-            f"{'kept':>5} {'TIS +':>6} {'TIS -':>6} {'push':>6}")
+            f"{'kept/task':>9} {'TIS+/task':>9} {'TIS-/task':>9} {'kept':>5} {'TIS +':>6} {'TIS -':>6} {'push':>6}")
     lines = [head, "-" * len(head)]
     for s in summaries:
+        spread = " ".join(f"{'-' if s[f'per_task/{k}'] is None else '{:.2f}-{:.2f}'.format(*s[f'per_task/{k}']):>9}"
+                          for k in TASK_TRACE)
         tr = " ".join(f"{'-' if s[k] is None else f'{s[k]:.2f}':>{w}}" for k, w in zip(TRAINER_TRACE, (5, 6, 6, 6)))
         lines.append(f"{s['config']:<20} {s['rollouts']:>13.1f} {s['rollouts_given']:>6.1f} {s['step_cap']:>5.1f} "
-                     f"{s['truncated']:>5.1f} {s['injected']:>8.1f} {tr}")
+                     f"{s['truncated']:>5.1f} {s['injected']:>8.1f} {spread} {tr}")
     return "\n".join(lines)
 
 

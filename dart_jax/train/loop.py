@@ -1,6 +1,6 @@
 """The trainer's loops: DART's RL loop on curated batches, and SFT on trajectory files.
 
-    rl_loop(trainer, source, collator, publisher, ckpt, steps, log, budget)
+    rl_loop(trainer, source, collator, publisher, ckpt, steps, log, budget, log_tasks)
     sft_loop(trainer, source, ckpt, steps, log, budget)
 
 One round of the RL loop: fetch the next curated batch from the data manager, update on it
@@ -32,10 +32,12 @@ from dart_jax.train.checkpoint import Checkpointer
 from dart_jax.train.collate import Collator
 from dart_jax.train.sources import DataManagerSource, NoBatchWithin
 from dart_jax.train.publish import WeightPublisher
+from dart_jax.train.task_trace import TaskTrace
 from dart_jax.train.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 Log = Callable[[int, dict], None]  # (step, host metrics)
+LogTasks = Callable[[int, tuple[TaskTrace, ...]], None]  # (step, the batch's per-task trace)
 
 
 @dataclasses.dataclass
@@ -63,10 +65,11 @@ class Budget:
 
 
 def rl_loop(trainer: Trainer, source: DataManagerSource, collator: Collator, publisher: WeightPublisher,
-            ckpt: Checkpointer | None, steps: int, log: Log, budget: Budget | None = None) -> None:
+            ckpt: Checkpointer | None, steps: int, log: Log, budget: Budget | None = None,
+            log_tasks: LogTasks | None = None) -> None:
     """DART's trainer: fetch a curated batch, update on it, publish the new version, checkpoint;
     until `steps` updates are done, no batch comes within the source's wait, or the budget is
-    spent."""
+    spent. `log_tasks` gets each batch's per-task trace (host values: written at once)."""
     resume(trainer, source, publisher, ckpt)
     stop, metrics = EarlyStop(trainer, ckpt, source, budget or Budget(), log), Deferred(log)
     source.until = stop.budget.ends_at()  # a batch wait ends with the budget
@@ -79,6 +82,8 @@ def rl_loop(trainer: Trainer, source: DataManagerSource, collator: Collator, pub
             break
         started, before = time.time(), trainer.step
         update = trainer.update_rl(batch, collator)
+        if log_tasks is not None:
+            log_tasks(trainer.step, trainer.tasks)
         metrics.flush()
         jax.block_until_ready(trainer.state)  # the update's own time ends here, not in the publish
         published = time.time()

@@ -4,7 +4,9 @@ Loads the policy onto the mesh and trains it: RL on curated batches from the dat
 (publishing every new version to the rollout workers), or SFT on trajectory files. A
 killed trainer started again resumes from its last checkpoint. At the end it exports the
 policy as a Hugging Face directory under the run's export/. Metrics go to
-metrics/trainer.jsonl and TensorBoard event files under tensorboard/trainer/.
+metrics/trainer.jsonl and TensorBoard event files under tensorboard/trainer/; in RL each
+batch's per-task trace (task_trace.TaskTrace: steps, kept, TIS weight by sign) goes to
+metrics/trainer_tasks.jsonl, one line per step and task.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dart_jax.train.config import DistributedConfig
 from dart_jax.train.heartbeat import Heartbeat
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.train.sources import DataManagerSource, TrajectoryFileSource
+from dart_jax.train.task_trace import TaskTrace
 from dart_jax.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -109,17 +112,28 @@ def _train(cfg, run: RunDir, trainer: Trainer, collator: Collator, hf_dir: Path,
                                         version=trainer.version)
             source = DataManagerSource(cfg.data.wire, collator, max_wait_s=tcfg.batch_wait_s,
                                        version=trainer.version)
+            tasks = MetricsWriter(run.metrics_path("trainer_tasks")) if lead else None
             try:
                 loop.rl_loop(trainer, source, collator, publisher, ckpt, tcfg.steps, record,
-                             loop.Budget(tcfg.max_seconds))
+                             loop.Budget(tcfg.max_seconds), None if tasks is None else task_writer(tasks))
             finally:
                 source.close()
                 publisher.close()
+                if tasks is not None:
+                    tasks.close()
     if metrics is not None:
         metrics.close()
     if tcfg.export:
         last["export"] = str(export(trainer, hf_dir, run.export / f"step-{trainer.step}", lead))
     return last
+
+
+def task_writer(writer: MetricsWriter) -> loop.LogTasks:
+    """rl_loop's `log_tasks`: one line of `writer` per task of the batch."""
+    def write(step: int, tasks: tuple[TaskTrace, ...]) -> None:
+        for t in tasks:
+            writer.write(step, t.record())
+    return write
 
 
 def export(trainer, hf_dir: Path, out: Path, lead: bool) -> Path:

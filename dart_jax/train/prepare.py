@@ -35,18 +35,19 @@ from dart_jax.train.step import RowTargets, Scores, TrainFunctions, needs_old_lo
 
 
 @dataclasses.dataclass(frozen=True)
+class StepTargets:
+    adv_N: np.ndarray  # float32: GRPO advantage of each step
+    weight_N: np.ndarray  # float32: loss weight (0: not selected)
+    metrics: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
 class Prepared:
     """A batch ready for gradients: global microbatches, each one's row targets, and metrics."""
     micro: list[TrainBatch]
     rows: list[RowTargets]
     metrics: dict[str, np.generic]
-
-
-@dataclasses.dataclass(frozen=True)
-class StepTargets:
-    adv_N: np.ndarray  # float32: GRPO advantage of each step
-    weight_N: np.ndarray  # float32: loss weight (0: not selected)
-    metrics: dict[str, float]
+    targets: StepTargets | None = None  # RL: each step's advantage and loss weight, host-side
 
 
 def prepare_rl(fns: TrainFunctions, params, ref_params, batch: RLBatch, collator: Collator,
@@ -63,7 +64,7 @@ def prepare_rl(fns: TrainFunctions, params, ref_params, batch: RLBatch, collator
     metrics |= {"batch/steps": np.int32(len(batch.reward_N)), "batch/micro": np.int32(len(micro)),
                 "batch/dropped": np.int32(batch.dropped), "batch/screens_decoded": np.int32(cache.decodes),
                 "batch/screens_fetched_mb": np.float32(cache.fetched_bytes / 2**20)}
-    return Prepared(micro, rows, metrics)
+    return Prepared(micro, rows, metrics, targets)
 
 
 def prepare_sft(mesh: Mesh, batches: list[TrainBatch]) -> Prepared:
@@ -87,7 +88,7 @@ def step_entropies(batch: RLBatch, scores: list[Scores]) -> np.ndarray:
     entropy = np.zeros(len(batch.reward_N), np.float32)
     for m, s in enumerate(scores):
         slots = batch.slot_steps(m)
-        entropy[slots[slots >= 0]] = _host(s.entropy_N)[slots >= 0]
+        entropy[slots[slots >= 0]] = gather_host(s.entropy_N)[slots >= 0]
     return entropy
 
 
@@ -143,6 +144,6 @@ def row_targets(mesh: Mesh, targets: StepTargets, slot_steps: np.ndarray, scores
     return RowTargets(put(targets.adv_N), put(targets.weight_N), scores, put(injected_N))
 
 
-def _host(x: jax.Array) -> np.ndarray:
+def gather_host(x: jax.Array) -> np.ndarray:
     """A (possibly multi-host) global array, whole, on every host."""
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -11,6 +11,7 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _MAX_LOG = 20.0
 
@@ -31,6 +32,20 @@ def tis_weights(logp_old_BxT: jax.Array, logp_rollout_BxT: jax.Array, mask_BxT: 
         raise ValueError(f"unknown TIS level {level!r}")
     w = jnp.minimum(jnp.exp(jnp.minimum(log_w, _MAX_LOG)), cap)
     return jax.lax.stop_gradient(jnp.where(mask_BxT > 0, w, 0.0))
+
+
+def step_weight_sums(logp_old_NxT: np.ndarray, logp_rollout_NxT: np.ndarray, sampled_NxT: np.ndarray, *,
+                     cap: float, level: Literal["token", "sequence"] = "token") -> tuple[np.ndarray, np.ndarray]:
+    """Host-side (numpy) `tis_weights` summed per step: (sum of the weights of each step's
+    sampled tokens, their count), both float64 [N], for the trainer's per-task trace."""
+    m = sampled_NxT > 0
+    d = np.where(m, logp_old_NxT.astype(np.float64) - logp_rollout_NxT, 0.0)
+    if level == "sequence":
+        d = np.broadcast_to(d.sum(axis=-1, keepdims=True), d.shape)
+    elif level != "token":
+        raise ValueError(f"unknown TIS level {level!r}")
+    w = np.minimum(np.exp(np.minimum(d, _MAX_LOG)), cap)
+    return np.where(m, w, 0.0).sum(axis=-1), m.sum(axis=-1).astype(np.float64)
 
 
 class MismatchSums(NamedTuple):

@@ -2,6 +2,7 @@
 
     trainer = Trainer(cfg, hf_dir, mesh)                       # fp32 master weights on `mesh`
     metrics = trainer.update_rl(batch, collator)                # one curated GRPO batch (RLBatch)
+    trainer.tasks                                               # its per-task trace (task_trace.py)
     metrics = trainer.update_sft([batch, ...])                  # accum_steps TrainBatches
 
 The loops that drive it (SFT on files, DART's RL loop) are in `dart_jax.train.loop`, the RL
@@ -27,6 +28,7 @@ from dart_jax.train.collate import Collator
 from dart_jax.train.config import TrainerConfig
 from dart_jax.train.prepare import Prepared, prepare_rl, prepare_sft
 from dart_jax.train.step import Accumulator, TrainFunctions, TrainState
+from dart_jax.train.task_trace import TaskTrace, task_trace
 from dart_jax.train.version import PolicyVersion
 
 log = logging.getLogger(__name__)
@@ -44,13 +46,16 @@ class Trainer:
         # the frozen reference is the starting policy, read again from hf_dir on resume
         self.ref_params = params if cfg.mode == "rl" and cfg.loss.kl_coef > 0 else None
         self.version = PolicyVersion()  # advanced by the weight publisher (RL); 0 in SFT
+        self.tasks: tuple[TaskTrace, ...] = ()  # the last RL batch's per-task trace
 
     # -- updates
     def update_rl(self, batch: RLBatch, collator: Collator) -> dict:
-        """`updates_per_batch` optimizer updates on one curated batch; metrics of the last."""
+        """`updates_per_batch` optimizer updates on one curated batch; metrics of the last.
+        Sets `tasks`, read on the host while the device runs the updates."""
         prepared = prepare_rl(self.fns, self.state.params, self.ref_params, batch, collator, self.cfg)
         for _ in range(self.cfg.updates_per_batch):
             metrics = self._apply(self.gradients(prepared))
+        self.tasks = task_trace(batch, prepared, self.cfg)
         return metrics | prepared.metrics
 
     def update_sft(self, batches: list[TrainBatch]) -> dict:

@@ -67,6 +67,11 @@ def _losses(run) -> dict[int, float]:
     return {r["step"]: r["loss/total"] for r in lines if "loss/total" in r}
 
 
+def _tasks(run) -> dict[tuple[int, str], dict]:
+    lines = map(json.loads, (run / "metrics" / "trainer_tasks.jsonl").read_text().splitlines())
+    return {(r["step"], r["task"]): r for r in lines}
+
+
 def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, tiny_dir):
     # rows are per host: the same global batch of 4 rows either way, one row a device
     one, one_path, stop_one = _config(tmp_path, "one", store, tiny_dir, DistributedConfig(), rows=4)
@@ -93,6 +98,18 @@ def test_two_processes_train_as_one_mesh_and_match_one_process(tmp_path, store, 
     assert a.keys() == b.keys()
     pod_lines = [json.loads(line) for line in (tmp_path / "pod" / "metrics" / "trainer.jsonl").read_text().splitlines()]
     assert len(pod_lines) == STEPS + 1 and pod_lines[-1]["train/stalled"] == 1.0  # process 0 logs
+    # the per-task trace (selection and TIS on: old log-probs gathered from both hosts' rows)
+    one_tasks, pod_tasks = (_tasks(tmp_path / name) for name in ("one", "pod"))
+    assert sorted(one_tasks) == sorted(pod_tasks) and {step for step, _ in one_tasks} == set(range(1, STEPS + 1))
+    assert len(one_tasks) == 2 * STEPS  # two tasks a batch
+    for key, want in one_tasks.items():
+        got = pod_tasks[key]
+        assert (got["steps"], got["kept"]) == (want["steps"], want["kept"]) and 0 < want["kept"] <= want["steps"]
+        for sign in ("pos", "neg"):
+            assert got[f"tis/tokens_{sign}"] == want[f"tis/tokens_{sign}"]
+            if want[f"tis/weight_{sign}"] is not None:
+                assert got[f"tis/weight_{sign}"] == pytest.approx(want[f"tis/weight_{sign}"], rel=1e-4)
+    assert any(t["tis/weight_pos"] is not None for t in one_tasks.values())
     for name in a:
         np.testing.assert_allclose(b[name], a[name], atol=1e-5, err_msg=name)
     common = set(pullers[0].versions) & set(pullers[1].versions)

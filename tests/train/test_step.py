@@ -1,6 +1,7 @@
 """The train step on the tiny policy: sharding, accumulation, old logprobs, SFT."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -96,10 +97,14 @@ def test_old_logprobs_are_the_policy_before_the_batchs_first_update(tiny_dir, gr
     for _ in range(2):  # a fresh batch each time: old = current policy, ratio exactly 1
         m = jax.device_get(once.update_rl(rl, col))
         assert float(m["loss/ratio"]) == 1.0 and float(m["loss/clip_frac"]) == 0.0
+    # no old log-probs scored, no selection: the per-task trace has steps only
+    assert [(t.task, t.steps, t.kept, t.tis_weight_pos, t.tis_weight_neg) for t in once.tasks] == [
+        ("t0", 4, None, None, None), ("t1", 4, None, None, None)]
     twice = Trainer(_rl_cfg(updates_per_batch=2), tiny_dir, make_mesh(1, 1, 1))
     m = jax.device_get(twice.update_rl(rl, col))  # the second update's metrics
     assert twice.step == 2 and abs(float(m["loss/ratio"]) - 1.0) > 1e-3
     assert twice.fns.compiles["score"] >= 1  # old logprobs came from the no-grad pass
+    assert all(t.kept is None and t.tis_weight_pos is not None and t.tis_tokens_neg > 0 for t in twice.tasks)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +174,27 @@ def test_the_injected_flag_reaches_selection_and_the_loss(selecting, tiny_dir, g
     assert own.sum() == 2 and (w[own] > 0).all() and (inj == own).all()
     (_, w_plain, inj_plain), _ = _selected(selecting, cfg, layout_inline(group_trajs, col), col)
     assert (w_plain[own] > 0).sum() == 1 and not inj_plain.any()
+
+
+def test_the_per_task_trace_has_selections_kept_steps_and_the_losss_tis_weights(selecting, tiny_dir, group_trajs):
+    """Trainer.tasks after an update: each task's steps and the ones selection kept (its
+    weights > 0 as prepare_rl hands them to the loss), and its mean TIS weight by the
+    advantage's sign, host-side; their token-weighted means over the tasks are the compiled
+    step's batch-wide tis/weight_{pos,neg} (no demos, no injected steps here)."""
+    col = collator(tiny_dir, 4)
+    rl = layout_inline(group_trajs, col)
+    (_, w, _), _ = _selected(selecting, selecting.cfg, rl, col)  # at the parameters update_rl starts from
+    m = jax.device_get(selecting.update_rl(rl, col))
+    tasks = selecting.tasks
+    assert [(t.task, t.steps) for t in tasks] == [("t0", 4), ("t1", 4)]
+    assert [t.kept for t in tasks] == [int((w[rl.group_N == g] > 0).sum()) for g in (0, 1)] == [2, 2]
+    for sign in ("pos", "neg"):
+        n = [getattr(t, f"tis_tokens_{sign}") for t in tasks]
+        means = [getattr(t, f"tis_weight_{sign}") for t in tasks]
+        assert min(n) > 0 and all(0 < x <= selecting.cfg.tis.cap for x in means)
+        np.testing.assert_allclose(np.dot(n, means) / sum(n), float(m[f"tis/weight_{sign}"]), rtol=1e-4)
+    record = tasks[0].record()
+    assert record["kept_frac"] == 0.5 and record["task"] == "t0" and json.loads(json.dumps(record)) == record
 
 
 def test_packed_rows_score_and_train_each_step_as_its_own_row_does(tiny_dir, group_trajs):

@@ -2,7 +2,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.train.tis import mismatch_metrics, mismatch_sums, tis_weights
+import pytest
+
+from dart_jax.train.tis import mismatch_metrics, mismatch_sums, step_weight_sums, tis_weights
 
 OLD = jnp.array([[-1.0, -2.0, -3.0]])
 ROLLOUT = jnp.array([[-1.1, -1.8, -3.5]])  # deltas 0.1, -0.2, 0.5 (last token masked)
@@ -19,6 +21,24 @@ def test_token_weights_are_capped_ratios():
 def test_sequence_weights_use_the_product_of_ratios():
     w = tis_weights(OLD, ROLLOUT, MASK, cap=1.0, level="sequence")
     np.testing.assert_allclose(w, [[np.exp(-0.1), np.exp(-0.1), 0.0]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_host_step_sums_are_the_compiled_weights_summed_per_step(level):
+    """The per-task trace's numpy weights (tis.step_weight_sums) against tis_weights on
+    deltas of both signs, some past the cap of 1.5 and one past exp's guard."""
+    rng = np.random.default_rng(0)
+    old = rng.normal(-2.0, 1.0, (5, 7)).astype(np.float32)
+    rollout = (old - rng.normal(0.0, 0.8, (5, 7))).astype(np.float32)
+    rollout[0, 0] = old[0, 0] - 40.0
+    mask = (rng.random((5, 7)) < 0.7).astype(np.float32)
+    mask[4] = 0.0  # a step without sampled tokens
+    w, n = step_weight_sums(old, rollout, mask, cap=1.5, level=level)
+    want = np.asarray(tis_weights(jnp.asarray(old), jnp.asarray(rollout), jnp.asarray(mask), cap=1.5, level=level))
+    assert (want == 1.5).any() and (want[mask > 0] < 1.0).any()
+    np.testing.assert_allclose(w, want.sum(axis=-1), rtol=1e-5)
+    np.testing.assert_array_equal(n, mask.sum(axis=-1))
+    assert w[4] == 0.0 and n[4] == 0.0
 
 
 def test_weights_carry_no_gradient():

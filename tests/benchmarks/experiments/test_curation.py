@@ -1,6 +1,6 @@
 """The curation benchmark's logic at a tiny size, no learning run: its rows' settings, the
 shared runner's resume with a stand-in for `dart-jax run`, held-out groups, the tables and the
-JSON from hand-made outcomes, and the per-task trace from a hand-made store."""
+JSON from hand-made outcomes, and the per-task trace from a hand-made store and per-task trainer log."""
 
 import dataclasses
 import json
@@ -16,7 +16,9 @@ from dart_jax.config.loader import apply_overrides, from_dict
 from dart_jax.data.store import Store
 from dart_jax.eval.stats import Outcome, report
 from dart_jax.run.schema import RunConfig
-from dart_jax.rundir import RunDir
+from dart_jax.rundir import MetricsWriter, RunDir
+from dart_jax.train.main import task_writer
+from dart_jax.train.task_trace import TaskTrace
 from dart_jax.testing.trajectories import make_trajectory, put
 from dart_jax.data.curation import Group, TrajRecord
 from dart_jax.wire.messages import TaskSpec
@@ -115,12 +117,25 @@ def test_the_trace_reads_each_tasks_rollouts_budget_cap_and_injections(tmp_path)
                                                          TrajRecord("b1", "synthetic/form/1", 0, False, 8, 0, 0)),
                                     injected=("p0",))])
     store.close()
+    # the trainer's per-task log, as train.main writes it: form/1 in two batches (kept 3 of 4
+    # steps each; TIS + 1.2 on 10 tokens then 1.0 on 30, TIS - 0.8 on 30 then none; step 1
+    # logged twice), form/0 in one
+    tasks = MetricsWriter(run.metrics_path("trainer_tasks"))
+    write = task_writer(tasks)
+    write(1, (TaskTrace("synthetic/form/1", 4, 1, 0.5, 10, 0.5, 30),))  # replayed after a resume: the next line counts
+    write(1, (TaskTrace("synthetic/form/1", 4, 3, 1.2, 10, 0.8, 30),))
+    write(2, (TaskTrace("synthetic/form/1", 4, 3, 1.0, 30, None, 0), TaskTrace("synthetic/form/0", 2, 2, None, 0, None, 0)))
+    tasks.close()
     got = {t["task"]: t for t in trace(run.root, cfg)}
     assert set(got) == {f"synthetic/form/{s}" for s in range(4)}  # rl_seeds 4: seeds 4, 5 are demos only
     assert got["synthetic/form/0"] == {"task": "synthetic/form/0", "rollouts": 16, "successes": 16, "truncated": 0,
-                                           "injected": 0, "rollouts_given": 2, "step_cap": 4}
+                                           "injected": 0, "rollouts_given": 2, "step_cap": 4, "batches": 1,
+                                           "kept_frac": 1.0, "tis/weight_pos": None, "tis/weight_neg": None}
     f1 = got["synthetic/form/1"]
     assert (f1["rollouts"], f1["truncated"], f1["injected"], f1["rollouts_given"], f1["step_cap"]) == (3, 1, 1, 8, 7)
+    assert (f1["batches"], f1["kept_frac"], f1["tis/weight_neg"]) == (2, 0.75, 0.8)
+    assert f1["tis/weight_pos"] == pytest.approx((1.2 * 10 + 1.0 * 30) / 40)
+    assert got["synthetic/form/2"]["batches"] == 0 and got["synthetic/form/2"]["kept_frac"] is None
     (run.root / "metrics" / "trainer.jsonl").write_text(
         "\n".join(json.dumps(r) for r in ({"select/kept_frac": 0.75, "tis/weight_pos": 1.0},
                                           {"select/kept_frac": 0.85, "tis/weight_pos": 1.2, "push/net": 0.0})))
@@ -128,4 +143,7 @@ def test_the_trace_reads_each_tasks_rollouts_budget_cap_and_injections(tmp_path)
     assert s["rollouts"] == pytest.approx(19 / 4) and s["injected"] == pytest.approx(0.25)
     assert s["select/kept_frac"] == pytest.approx(0.8) and s["tis/weight_pos"] == pytest.approx(1.1)
     assert s["tis/weight_neg"] is None and s["push/net"] == 0.0
-    assert trace_table([s]).splitlines()[2].startswith("full")
+    assert s["per_task/kept_frac"] == [0.75, 1.0] and s["per_task/tis/weight_neg"] == [0.8, 0.8]
+    assert s["per_task/tis/weight_pos"] == pytest.approx([1.05, 1.05])
+    line = trace_table([s]).splitlines()[2]
+    assert line.startswith("full") and "0.75-1.00 1.05-1.05 0.80-0.80" in line
