@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import shutil
@@ -15,6 +16,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """p50, p95 and max of `values` (nearest rank: p95 of 10 values is the 10th)."""
+    ranked = sorted(values)
+    rank = lambda q: ranked[min(len(ranked) - 1, math.ceil(q * len(ranked)) - 1)]
+    return {"p50": rank(0.50), "p95": rank(0.95), "max": ranked[-1]}
 
 
 def machine(device: bool = False) -> dict:

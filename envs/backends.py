@@ -21,7 +21,7 @@ def make_env(spec: SlotSpec, index: int = 0) -> Env:
 
 
 def task_names(spec: SlotSpec) -> list[str]:
-    """The task names a backend serves (OSWorld: the bundled tasks of the desktop image;
+    """The task names a backend serves (OSWorld: the bundled tasks of the slots' image;
     other OSWorld tasks travel in their TaskSpec's config)."""
     if isinstance(spec, SyntheticSlots):
         from envs.synthetic import TASKS
@@ -29,5 +29,5 @@ def task_names(spec: SlotSpec) -> list[str]:
     if isinstance(spec, MiniWoBSlots):
         from envs.miniwob_env import task_names as miniwob_tasks
         return miniwob_tasks()
-    from envs.osworld.env import bundled_tasks
-    return sorted(bundled_tasks())
+    from envs.osworld.env import bundled_tasks, slot_image
+    return sorted(bundled_tasks(slot_image(spec)))

@@ -64,7 +64,7 @@ class MiniWoBSlots:
 class QemuSettings:
     """Desktop VMs this host boots itself (OSWorld `provider: qemu`, envs/osworld/qemu.py): the
     image `make setup-vm` builds, KVM where it boots and QEMU's software emulation (TCG)
-    elsewhere, user-mode networking with the guest's ports 5000 and 9222 forwarded to
+    elsewhere, user-mode networking with the guest's ports 5000, 9222 and 8080 forwarded to
     loopback ports, and a memory + disk snapshot taken once the desktop answers, which every reset
     restores. `host_memory_mib` bounds what this server's VMs may take together (guest
     memory plus `overhead_mib` each): a config asking for more is refused, and a VM does

@@ -42,13 +42,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import machine, work_dir
+from benchmarks.common import machine, spread, work_dir
 
 SIZES = {  # TinySpec overrides
     "0.5b": dict(text_hidden=1024, text_layers=24, text_heads=16, text_kv_heads=2, text_intermediate=4864,
@@ -57,13 +56,6 @@ SIZES = {  # TinySpec overrides
     "tiny": {},
 }
 WARMUP_VERSIONS = 2
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """p50, p95 and max of `values` (nearest rank: p95 of 10 updates is the 10th)."""
-    ranked = sorted(values)
-    rank = lambda q: ranked[min(len(ranked) - 1, math.ceil(q * len(ranked)) - 1)]
-    return {"p50": rank(0.50), "p95": rank(0.95), "max": ranked[-1]}
 
 
 def longest_gap(arrivals: list[float], start: float, end: float) -> float:

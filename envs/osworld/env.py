@@ -79,9 +79,21 @@ def task_spec(example: dict, split: str = "train") -> Any:
                     split=split, config=json.dumps({"example": example}))
 
 
-def bundled_tasks() -> dict[str, dict]:
-    """The OSWorld-format tasks of the desktop image, by id (envs/osworld/tasks/*.json)."""
-    return {t["id"]: t for t in (load_task(p) for p in sorted(BUNDLED_TASKS.glob("*.json")))}
+def bundled_tasks(image: str = "desktop") -> dict[str, dict]:
+    """The OSWorld-format tasks bundled for an image target (`qemu.image`), by id:
+    envs/osworld/tasks/*.json need only the small desktop image's applications (the
+    `osworld` image has them too), tasks/osworld/*.json the `osworld` image's (LibreOffice,
+    Chromium, ...)."""
+    files = sorted(BUNDLED_TASKS.glob("*.json"))
+    if image == "osworld":
+        files += sorted((BUNDLED_TASKS / "osworld").glob("*.json"))
+    return {t["id"]: t for t in map(load_task, files)}
+
+
+def slot_image(spec: OSWorldSlots) -> str:
+    """The image target whose bundled tasks the slots serve: their own with `provider: qemu`;
+    a VM of another provider is taken to hold OSWorld's applications."""
+    return spec.qemu.image if spec.provider == "qemu" else "osworld"
 
 
 def _example(task: Task, spec: OSWorldSlots) -> dict:
@@ -99,9 +111,12 @@ def _example(task: Task, spec: OSWorldSlots) -> dict:
         if not spec.osworld_dir:
             raise TaskError(f"task {task.id}: config 'domain' needs the slots' osworld_dir (an OSWorld checkout)")
         return Checkout(Path(spec.osworld_dir)).task(task.config["domain"], task.name)
-    bundled = bundled_tasks()
+    bundled = bundled_tasks(slot_image(spec))
     if task.name in bundled:
         return bundled[task.name]
+    if task.name in bundled_tasks("osworld"):
+        raise TaskError(f"task {task.id}: a bundled task of the osworld image (make setup-vm-osworld); "
+                        "these slots boot the desktop image (set qemu: {image: osworld})")
     raise TaskError(f"task {task.id}: config needs 'example' (an OSWorld task JSON) or 'path', "
                     f"'domain' (of the slots' OSWorld checkout), or the name of a bundled task "
                     f"({', '.join(sorted(bundled))})")
@@ -292,7 +307,8 @@ class OSWorldEnv:
             self.vm = VMClient(url, spec.http_timeout_s)
             if _desktop_env_available():
                 self.desktop = remote_desktop_env(url, (spec.screen_width, spec.screen_height), spec.cache_dir,
-                                                  spec.os_type, spec.snapshot_name, spec.accessibility_tree)
+                                                  spec.os_type, spec.snapshot_name, spec.accessibility_tree,
+                                                  **{f"{k}_port": v for k, v in self._ports().items()})
         else:
             if not _desktop_env_available():
                 raise EnvError(f"OSWorld provider {spec.provider!r} needs the desktop-env package "
@@ -368,7 +384,7 @@ class OSWorldEnv:
         last = self.history[-1] if self.history else None
         if self.sidecar is not None and evaluation.unsupported(self.example):
             return self.sidecar.evaluate(self.example, self.vm.url, last, self.cache / "sidecar",
-                                         (self.spec.screen_width, self.spec.screen_height))
+                                         (self.spec.screen_width, self.spec.screen_height), self._ports())
         return self._runner().evaluate(self.example["evaluator"], last)
 
     def close(self) -> None:
@@ -403,6 +419,13 @@ class OSWorldEnv:
     def _runner(self) -> evaluation.Runner:
         return evaluation.Runner(self.vm, (self.spec.screen_width, self.spec.screen_height), self.cache,
                                    self.spec.task_dir, self.files, self._devtools_url())
+
+    def _ports(self) -> dict[str, int]:
+        """Where the guest's browser DevTools and VLC's HTTP interface answer on the VM's host,
+        when QEMU forwards them (empty: OSWorld's 9222 and 8080)."""
+        if self.machine is None:
+            return {}
+        return {"chromium": self.machine.devtools_port, "vlc": self.machine.vlc_port}
 
     def _devtools_url(self) -> str:
         """The guest browser's DevTools port: forwarded by QEMU, or port 9222 of a remote VM."""

@@ -56,6 +56,49 @@ def _vm_xterm_mkdir(instruction, elements, obs):
                   thought="Create the folder and change into it.")
 
 
+def _libreoffice_save_as(elements: list[Element], app: str, path: str) -> Action:
+    """Save LibreOffice `app`'s document (Calc, Writer, Impress) as `path` through Save As (its GTK
+    dialog is titled "Save"; the type follows the name's extension): a dialog on the way (the
+    CSV import's options, Impress' templates, Save As) shows in the window list, the saved name in the
+    application's window title."""
+    windows = _windows(elements)
+    if any(w.label.startswith("Text Import") for w in windows):
+        return Action(kind="hotkey", keys=("enter",), thought="Accept the import options.")
+    if any(w.label == "Select a Template" for w in windows):
+        return Action(kind="hotkey", keys=("esc",), thought="Start from the blank presentation.")
+    suffix = f" - LibreOffice {app}"
+    document = next((w for w in windows if w.label.endswith(suffix)), None)
+    saved = document is not None and document.label[:-len(suffix)] == path.rsplit("/", 1)[-1]
+    dialogs = [w for w in windows if w.label in ("Save", "Save As")]
+    # the first Save As of a LibreOffice takes 10-30 s to open under TCG: a Save As pressed
+    # again meanwhile opens a dialog more once the first is done
+    if dialogs and saved:
+        return Action(kind="hotkey", keys=("esc",), thought="Close the extra save dialog.")
+    if any(w.focused for w in dialogs):
+        return Action(kind="type", content=path + "\n", thought="Name the file by its full path and confirm.")
+    if document is None and any(w.label.startswith("LibreOffice") for w in windows):
+        return Action(kind="wait", thought="LibreOffice is still loading the document.")  # titled once loaded
+    if document is None:
+        return _give_up(f"LibreOffice {app} is not open.")
+    if saved:
+        return Action(kind="finished", thought=f"The document is saved as {path}.")
+    if dialogs or not document.focused:
+        return Action(kind="wait", thought="A dialog is opening.")
+    return Action(kind="hotkey", keys=("ctrl", "shift", "s"), thought="Save it under the name asked for.")
+
+
+def _vm_calc_csv_to_ods(instruction, elements, obs):
+    return _libreoffice_save_as(elements, "Calc", "/home/user/Documents/scores.ods")
+
+
+def _vm_writer_txt_to_odt(instruction, elements, obs):
+    return _libreoffice_save_as(elements, "Writer", "/home/user/Documents/letter.odt")
+
+
+def _vm_impress_new_odp(instruction, elements, obs):
+    return _libreoffice_save_as(elements, "Impress", "/home/user/Documents/talk.odp")
+
+
 def _vm_infeasible(instruction, elements, obs):
     return Action(kind="call_user", thought="No screen can show 16K here: the task is infeasible.")
 
@@ -64,4 +107,7 @@ SOLVERS: dict[str, Callable[[str, list[Element], Observation], Action]] = {
     "mousepad-save-as": _vm_mousepad_save_as,
     "xterm-mkdir": _vm_xterm_mkdir,
     "os-infeasible-16k": _vm_infeasible,
+    "calc-csv-to-ods": _vm_calc_csv_to_ods,
+    "writer-txt-to-odt": _vm_writer_txt_to_odt,
+    "impress-new-odp": _vm_impress_new_odp,
 }

@@ -5,6 +5,7 @@
                         # then snapshots memory + disk ("ready")
     vm.url              # http://127.0.0.1:PORT, the guest's port 5000 (user networking)
     vm.devtools_url     # http://127.0.0.1:PORT2, the guest's 9222 (the browser's DevTools)
+    vm.vlc_url          # http://127.0.0.1:PORT3, the guest's 8080 (VLC's HTTP interface)
     vm.restore()        # back to the ready snapshot (QMP/HMP loadvm): the reset
     vm.save("task-x"); vm.restore("task-x"); vm.delete("task-x"); vm.snapshots()
                         # more snapshots in the overlay (envs/osworld/snapshots.py)
@@ -17,8 +18,8 @@ VM starts by loading that state (`-incoming`, seconds) on its own overlay over t
 Each VM writes only to its overlay, so any number of VMs share the read-only image. The
 ready snapshot lives in the overlay (`savevm`), so a restore brings back the disk and
 memory as they were when the VM started. The guest's network is restricted (QEMU's
-`restrict=on`): it reaches nothing, the host reaches its server and its browser's DevTools
-through the forwarded ports (loopback only). QEMU runs in its own process group,
+`restrict=on`): it reaches nothing, the host reaches its server, its browser's DevTools and
+VLC's HTTP interface through the forwarded ports (loopback only). QEMU runs in its own process group,
 registered with envs.reaper, so it dies with the env server whatever kills that.
 
 Acceleration: KVM where /dev/kvm opens (`accel: auto` or `kvm`), QEMU's software emulation
@@ -149,7 +150,7 @@ class QemuVM:
         self.image = vm_image.locate(settings.image_dir, settings.image)
         self.accel = choose_accel(settings.accel, self.image)
         self.process: subprocess.Popen | None = None
-        self.port = self.devtools_port = 0  # loopback ports of the guest's 5000 and 9222
+        self.port = self.devtools_port = self.vlc_port = 0  # loopback ports of the guest's 5000, 9222, 8080
         self.dir: Path | None = None
         self.start_s = self.cold_boot_s = self.snapshot_s = self.loadvm_s = 0.0
 
@@ -161,6 +162,11 @@ class QemuVM:
     def devtools_url(self) -> str:
         """The guest browser's DevTools port (9222 in the guest), forwarded to loopback."""
         return f"http://127.0.0.1:{self.devtools_port}"
+
+    @property
+    def vlc_url(self) -> str:
+        """VLC's HTTP interface (8080 in the guest, the `osworld` image), forwarded to loopback."""
+        return f"http://127.0.0.1:{self.vlc_port}"
 
     @property
     def console(self) -> Path:
@@ -269,7 +275,7 @@ class QemuVM:
 
     def _launch(self, overlay: Path, incoming: Path | None) -> None:
         for attempt in range(3):  # a port taken between choosing and binding: choose again
-            self.port, self.devtools_port = free_port(), free_port()
+            self.port, self.devtools_port, self.vlc_port = free_port(), free_port(), free_port()
             command = self.command(overlay, incoming)
             self.process = process_groups.spawn(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                 stderr=open(self.dir / "qemu.err", "wb"))
@@ -295,7 +301,7 @@ class QemuVM:
                 "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
                 "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
                 "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-:5000"
-                f",hostfwd=tcp:127.0.0.1:{self.devtools_port}-:9222",
+                f",hostfwd=tcp:127.0.0.1:{self.devtools_port}-:9222,hostfwd=tcp:127.0.0.1:{self.vlc_port}-:8080",
                 "-serial", f"file:{self.console}", "-qmp", f"unix:{self.dir / 'qmp.sock'},server=on,wait=off",
                 *(["-incoming", f"exec:cat {shlex.quote(str(incoming))}"] if incoming else [])]
 

@@ -2,7 +2,7 @@
 the env server.
 
     sidecar = EvalSidecar(".venv-osworld-eval/bin/python")
-    score = sidecar.evaluate(example, vm_url, last_action, cache_dir, screen)
+    score = sidecar.evaluate(example, vm_url, last_action, cache_dir, screen, ports)
     sidecar.close()
 
 desktop-env pins torch 2.5, numpy < 2 and transformers 4.35, so it lives in its own
@@ -50,14 +50,16 @@ class EvalSidecar:
         self._buffer = b""
 
     def evaluate(self, example: dict, vm_url: str, last_action: str | None, cache_dir: str | Path,
-                 screen: tuple[int, int]) -> float:
-        """OSWorld's DesktopEnv.evaluate of `example` against the VM at `vm_url`."""
+                 screen: tuple[int, int], ports: dict[str, int] | None = None) -> float:
+        """OSWorld's DesktopEnv.evaluate of `example` against the VM at `vm_url`; `ports`:
+        where the guest's browser DevTools (`chromium`) and VLC (`vlc`) answer on that host,
+        when not on OSWorld's 9222 and 8080."""
         if not NAME.fullmatch(str(example.get("id"))):  # desktop-env makes a folder of that name
             raise TaskError(f"OSWorld task {str(example.get('id'))[:100]!r}: the sidecar needs a plain id "
                             "(letters, digits, _ . -)")
         self._start()
         request = {"example": example, "vm": vm_url, "last_action": last_action, "cache_dir": str(cache_dir),
-                   "screen": list(screen)}
+                   "screen": list(screen), "ports": dict(ports or {})}
         try:
             self.process.stdin.write((json.dumps(request) + "\n").encode())
             self.process.stdin.flush()

@@ -8,10 +8,12 @@ it runs by path, not as part of the `envs` package. The protocol, one JSON objec
 it writes `{"ready": true}` once desktop-env is imported, then answers each request
 
     {"example": {...OSWorld task...}, "vm": "http://127.0.0.1:PORT", "last_action": "DONE",
-     "cache_dir": "/tmp/...", "screen": [1280, 800]}
+     "cache_dir": "/tmp/...", "screen": [1280, 800], "ports": {"chromium": 9222, "vlc": 8080}}
 
 with `{"score": <number>}` or `{"error": "<text>"}`: desktop-env's `DesktopEnv.evaluate`
-(the evaluator's postconfig, then its getters and metrics) against the VM at `vm`.
+(the evaluator's postconfig, then its getters and metrics) against the VM at `vm`, whose
+browser's DevTools and VLC's HTTP interface answer on the host of `vm` at `ports` (QEMU
+forwards them to other loopback ports; OSWorld's 9222 and 8080 when absent).
 Requests are read up to MAX_REQUEST_BYTES a line. desktop-env prints to stdout, so the
 replies go to a private copy of stdout and stdout itself is pointed at stderr.
 """
@@ -28,7 +30,8 @@ MAX_REQUEST_BYTES = 8 << 20
 
 
 def remote_desktop_env(url: str, screen: tuple[int, int], cache_dir: str, os_type: str = "Ubuntu",
-                       snapshot_name: str = "init_state", accessibility_tree: bool = False):
+                       snapshot_name: str = "init_state", accessibility_tree: bool = False,
+                       chromium_port: int = 9222, vlc_port: int = 8080):
     """A DesktopEnv bound to a running VM at `url`, without a provider: the attributes
     `DesktopEnv._start_emulator` would set (desktop-env 1.0.2)."""
     from desktop_env.controllers.python import PythonController
@@ -42,13 +45,13 @@ def remote_desktop_env(url: str, screen: tuple[int, int], cache_dir: str, os_typ
     env.__dict__.update(
         region=None, provider_name="remote", enable_proxy=False, client_password="password",
         screen_width=width, screen_height=height, server_port=port,
-        chromium_port=9222, vnc_port=8006, vlc_port=8080, current_use_proxy=False, manager=None,
+        chromium_port=chromium_port, vnc_port=8006, vlc_port=vlc_port, current_use_proxy=False, manager=None,
         provider=None, os_type=os_type, is_environment_used=False, path_to_vm=url,
         snapshot_name=snapshot_name, cache_dir_base=cache_dir, headless=True,
         require_a11y_tree=accessibility_tree, require_terminal=False, instruction=None,
         action_space="pyautogui", _traj_no=-1, _step_no=0, action_history=[], vm_ip=host,
         controller=PythonController(vm_ip=host, server_port=port),
-        setup_controller=SetupController(vm_ip=host, server_port=port, chromium_port=9222, vlc_port=8080,
+        setup_controller=SetupController(vm_ip=host, server_port=port, chromium_port=chromium_port, vlc_port=vlc_port,
                                          cache_dir=cache_dir, client_password="password",
                                          screen_width=width, screen_height=height))
     return env
@@ -56,7 +59,9 @@ def remote_desktop_env(url: str, screen: tuple[int, int], cache_dir: str, os_typ
 
 def evaluate(request: dict) -> float:
     cache_dir = request.get("cache_dir") or tempfile.mkdtemp(prefix="osworld-eval-")
-    env = remote_desktop_env(request["vm"], tuple(request["screen"]), cache_dir)
+    ports = request.get("ports") or {}
+    env = remote_desktop_env(request["vm"], tuple(request["screen"]), cache_dir,
+                             chromium_port=int(ports.get("chromium", 9222)), vlc_port=int(ports.get("vlc", 8080)))
     env._set_task_info(request["example"])
     last = request.get("last_action")
     env.action_history = [last] if last else []

@@ -6,7 +6,12 @@
 #    port 1337; socat publishes that on port 9222, which QEMU forwards to the host's
 #    loopback (OSWorld's images do the same with socat).
 #  - VLC's HTTP interface on port 8080, password `password` (OSWorld's VLC getters).
+#  - VLC's first-run privacy question off (it would block the player's window).
+#  - LibreOffice's profile: no Tip of the Day dialog at start, no autosave or recovery
+#    writes behind the agent's back.
 #  - no indexers: tracker's miners masked for every user.
+#  - no screen saver or blanking: the X server's own (10 min by default) is turned off
+#    once the desktop's X server is up (Xvfb has no lock screen; no GNOME session runs).
 set -eu
 root=$1
 cat > "$root/usr/local/bin/google-chrome" <<'SH'
@@ -29,9 +34,32 @@ UNIT
 ln -sf /etc/systemd/system/dart-devtools.service \
   "$root/etc/systemd/system/multi-user.target.wants/dart-devtools.service"
 mkdir -p "$root/home/user/.config/vlc"
-printf '[core]\nextraintf=http\nhttp-host=0.0.0.0\nhttp-port=8080\n[lua]\nhttp-password=password\n' \
+printf '[qt]\nqt-privacy-ask=0\n[core]\nextraintf=http\nhttp-host=0.0.0.0\nhttp-port=8080\nmetadata-network-access=0\n[lua]\nhttp-password=password\n' \
   > "$root/home/user/.config/vlc/vlcrc"
+mkdir -p "$root/home/user/.config/libreoffice/4/user"
+cat > "$root/home/user/.config/libreoffice/4/user/registrymodifications.xcu" <<'XCU'
+<?xml version="1.0" encoding="UTF-8"?>
+<oor:items xmlns:oor="http://openoffice.org/2001/registry" xmlns:xs="http://www.w3.org/2001/XMLSchema" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">
+<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="FirstRun" oor:op="fuse"><value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Recovery/AutoSave"><prop oor:name="Enabled" oor:op="fuse"><value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Recovery/RecoveryInfo"><prop oor:name="Enabled" oor:op="fuse"><value>false</value></prop></item>
+</oor:items>
+XCU
 for unit in tracker-miner-fs-3.service tracker-extract-3.service tracker-miner-rss-3.service; do
   chroot "$root" systemctl --global mask "$unit" >/dev/null 2>&1 || true
 done
 chroot "$root" chown -R user:user /home/user/.config
+cat > "$root/etc/systemd/system/dart-no-blank.service" <<'UNIT'
+[Unit]
+Description=No screen saver or blanking on the desktop's X server (:0)
+After=dart-desktop.service
+[Service]
+Type=oneshot
+User=user
+ExecStart=/bin/sh -c 'until xset -display :0 s off s noblank; do sleep 1; done; xset -display :0 -dpms || true'
+[Install]
+WantedBy=multi-user.target
+UNIT
+ln -sf /etc/systemd/system/dart-no-blank.service \
+  "$root/etc/systemd/system/multi-user.target.wants/dart-no-blank.service"

@@ -3,6 +3,7 @@ OSWorld in-VM server (a real HTTP server on 127.0.0.1 answering like the VM's), 
 session's desktop VM server (marker `vm`)."""
 
 import asyncio
+import dataclasses
 import io
 import json
 import shutil
@@ -133,12 +134,19 @@ INFEASIBLE_TASK = {"id": "infeasible-demo", "instruction": "Set the screen to 16
 def pytest_collection_modifyitems(config, items):
     """Tests marked `vm` need QEMU (`make setup-vm` installs it and builds the image); with
     QEMU present and the image missing they fail and say so, rather than skip. Tests marked
-    `osworld_eval` need desktop-env's environment, which `make test` does not make (6.6 GB)."""
+    `osworld_image` boot the `osworld` image, which `make test` does not build
+    (`make setup-vm-osworld`): skipped where it is not built. Tests marked `osworld_eval`
+    need desktop-env's environment, which `make test` does not make (6.6 GB)."""
+    from envs.osworld import image
     from envs.osworld.sidecar import VENV
     qemu, sidecar = shutil.which("qemu-system-x86_64"), (VENV / "bin" / "python").is_file()
+    osworld_image = (image.cache_root() / f"osworld-{image.source_key('osworld')}" / "manifest.json").is_file()
     for item in items:
         if item.get_closest_marker("vm") is not None and not qemu:
             item.add_marker(pytest.mark.skip(reason="needs qemu-system-x86_64 (make setup-vm installs it)"))
+        if item.get_closest_marker("osworld_image") is not None and not osworld_image:
+            item.add_marker(pytest.mark.skip(reason="needs the osworld VM image (make setup-vm-osworld, "
+                                                    "not built by make test)"))
         if item.get_closest_marker("osworld_eval") is not None and not sidecar:
             item.add_marker(pytest.mark.skip(reason=f"needs {VENV.name} (make setup-osworld-eval: desktop-env, "
                                                     "6.6 GB, not made by make test)"))
@@ -149,14 +157,30 @@ def vm_slots(count: int = 1, **qemu) -> OSWorldSlots:
     (accel auto probes), a 1280x800 screen, the window list in every observation, and 30 s
     for any answer of the VM (a hung one is replaced after that; a step takes 2-10 s)."""
     return OSWorldSlots(provider="qemu", count=count, screen_width=1280, screen_height=800, settle_s=1.0,
-                        observe_windows=True, http_timeout_s=30.0, qemu=QemuSettings(memory_mib=1024, **qemu))
+                        observe_windows=True, http_timeout_s=30.0, qemu=QemuSettings(**{"memory_mib": 1024, **qemu}))
 
 
 @pytest.fixture(scope="session")
 def vm_server():
     """One env server with one desktop VM slot, shared by every `vm` test of the session
     (booting takes a minute or two under TCG). Closing it must leave no QEMU behind."""
-    ctx = serving(server_config(vm_slots(), reset_timeout_s=400.0, step_timeout_s=120.0))
+    yield from _serving_vms(vm_slots())
+
+
+@pytest.fixture(scope="session")
+def osworld_vm_server():
+    """The same with one VM of the `osworld` image (marker `osworld_image`), its guest sized
+    for one of OSWorld's applications at a time (docs/desktop-vms.md), 10 s for the screen to
+    settle after an action (LibreOffice's dialogs take 10-30 s to open under TCG here)."""
+    yield from _serving_vms(dataclasses.replace(vm_slots(image="osworld", memory_mib=OSWORLD_GUEST_MIB),
+                                                settle_s=10.0))
+
+
+OSWORLD_GUEST_MIB = 2048
+
+
+def _serving_vms(slots: OSWorldSlots):
+    ctx = serving(server_config(slots, reset_timeout_s=400.0, step_timeout_s=120.0))
     envs, wire = ctx.__enter__()
     try:
         yield envs, wire.endpoint

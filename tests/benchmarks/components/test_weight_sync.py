@@ -1,9 +1,11 @@
-"""benchmarks.components.weight_sync's figures over many updates: nearest-rank percentiles and the
-longest token gap of a window (the benchmark itself starts vLLM: a command, not a test)."""
+"""benchmarks.components.weight_sync's figures over many updates: nearest-rank percentiles
+(benchmarks.common) and the longest token gap of a window (the benchmark itself starts vLLM:
+a command, not a test)."""
 
 import pytest
 
-from benchmarks.components.weight_sync import longest_gap, spread
+from benchmarks.common import spread
+from benchmarks.components.weight_sync import longest_gap
 
 
 def test_percentiles_are_nearest_rank_over_the_updates():

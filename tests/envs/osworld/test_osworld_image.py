@@ -1,0 +1,86 @@
+"""The `osworld` image (markers `vm` and `osworld_image`: skipped where `make
+setup-vm-osworld` has not built it; one VM shared by the session): its settings take effect
+in the guest, and every bundled task of OSWorld's application domains is solved by its
+oracle through the env server and scored 1 by envs/osworld/evaluation.py, 0 left unsolved."""
+
+import base64
+import urllib.request
+
+import pytest
+
+from envs.config import OSWorldSlots, QemuSettings
+from envs.osworld.cdp import DevTools
+from envs.osworld.env import _example, bundled_tasks
+from envs.types import Task, TaskError
+
+from tests.envs.conftest import client, oracle_episode, run, spec
+
+DOMAIN_TASKS = sorted(set(bundled_tasks("osworld")) - set(bundled_tasks("desktop")))
+
+
+def test_the_osworld_image_has_a_task_per_application_domain():
+    apps = {app for name in DOMAIN_TASKS for app in bundled_tasks("osworld")[name]["related_apps"]}
+    assert {"libreoffice_calc", "libreoffice_writer"} <= apps
+
+
+def test_a_domain_task_is_refused_on_slots_of_the_small_image():
+    name = DOMAIN_TASKS[0]
+    task = Task(f"osworld/{name}", "osworld", name)
+    with pytest.raises(TaskError, match=r"bundled task of the osworld image .*\(set qemu: \{image: osworld\}"):
+        _example(task, OSWorldSlots(provider="qemu"))
+    assert _example(task, OSWorldSlots(provider="qemu", qemu=QemuSettings(image="osworld")))["id"] == name
+
+
+@pytest.mark.vm
+@pytest.mark.osworld_image
+def test_each_domain_task_scores_1_solved_by_its_oracle_and_0_left_alone(osworld_vm_server):
+    _, endpoint = osworld_vm_server
+
+    async def main():
+        c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
+        try:
+            env = await c.acquire("osworld")
+            scores = {}
+            for name in DOMAIN_TASKS:
+                await env.reset(spec("osworld", name))  # the setup runs; its snapshot is saved
+                left = await env.evaluate()
+                solved = await oracle_episode(env, spec("osworld", name), max_steps=25)  # restores it
+                scores[name] = (left.reward, solved.reward, solved.status)
+            return scores
+        finally:
+            await c.aclose()
+
+    scores = run(main())
+    assert scores == {name: (0.0, 1.0, "success") for name in DOMAIN_TASKS}
+
+
+@pytest.mark.vm
+@pytest.mark.osworld_image
+def test_the_images_settings_take_effect_in_the_guest(osworld_vm_server):
+    """google-chrome answers DevTools and VLC its HTTP interface on the host's loopback
+    (QEMU's forwards of the guest's 9222 and 8080); indexers masked; no screen saver."""
+    envs, endpoint = osworld_vm_server
+
+    async def main():
+        c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
+        try:
+            env = await c.acquire("osworld")
+            await env.reset(spec("osworld", "os-infeasible-16k"))  # the ready desktop, no setup
+            return envs.slots[env.slot].env
+        finally:
+            await c.aclose()
+
+    backend = run(main())
+    runner = backend._runner()
+    runner.setup([{"type": "launch", "parameters": {"command": ["vlc"]}},
+                  {"type": "launch", "parameters": {"command": ["google-chrome"]}}])
+    DevTools(backend.machine.devtools_url).wait(180)  # Chromium starts in 20-70 s under TCG
+    assert any(t["url"].startswith("chrome://newtab") for t in DevTools(backend.machine.devtools_url).tabs())
+    request = urllib.request.Request(backend.machine.vlc_url + "/requests/status.xml",
+                                     headers={"Authorization": "Basic " + base64.b64encode(b":password").decode()})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert b"<apiversion>" in reply.read()
+    shell = backend.vm.post_json("/execute", {"shell": True, "command": (
+        "systemctl --global is-enabled tracker-miner-fs-3.service tracker-extract-3.service; "
+        "xset -display :0 q | grep timeout")})["output"]
+    assert shell.split()[:4] == ["masked", "masked", "timeout:", "0"], shell
