@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 HEAD_NAME = "dart-jax-head"
+LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 
 
 # The interpreter the rehearsal's offline install reuses may lie under root's 0700 home (pyenv):
@@ -61,11 +62,13 @@ class Hosts:
         return self.hosts[key]
 
     def argv(self, key: str, argv: Sequence[str], env: dict[str, str] | None = None, user: bool = True) -> list[str]:
-        """`argv` on host `key`: its network, its host name, as its user (else root) in its home."""
+        """`argv` on host `key`: its network, its host name, as its user (else root) in its home,
+        with a login's environment plus `env`."""
         h = self.hosts[key]
         inner = shlex.join(["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv])
-        if user:
-            inner = shlex.join(["runuser", "-u", h.name, "--", "env", f"HOME={h.home}", f"USER={h.name}",
+        if user:  # a login's environment, not this process's (nothing pytest or a library set in it)
+            inner = shlex.join(["runuser", "-u", h.name, "--", "env", "-i", f"HOME={h.home}", f"USER={h.name}",
+                                f"LOGNAME={h.name}", f"PATH={LOGIN_PATH}", "LANG=C.UTF-8",
                                 "bash", "-c", f"cd && {inner}"])
         return ["ip", "netns", "exec", h.name, "unshare", "--uts", "bash", "-c",
                 f"hostname {h.name} && {_SEE_ROOT_PYTHON} && {inner}"]
@@ -122,3 +125,5 @@ def _teardown(kind: str, name: str) -> None:
     argv = {"link": ["ip", "link", "del", name], "netns": ["ip", "netns", "del", name],
             "etc": ["rm", "-rf", name], "user": ["userdel", "--remove", "--force", name]}[kind]
     subprocess.run(argv, capture_output=True, timeout=60)
+    if kind == "user":  # what its vLLM engine compiled, under /tmp by user name (torch inductor's default)
+        subprocess.run(["rm", "-rf", f"/tmp/torchinductor_{name}"], capture_output=True, timeout=60)

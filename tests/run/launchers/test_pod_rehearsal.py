@@ -157,9 +157,12 @@ def _committed(run: Path) -> list[int]:
     return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
 
 
-def _logs(hosts: Hosts, head_out: Path) -> str:
+def _logs(hosts: Hosts, head_out: Path, run: Path) -> str:
+    """The slices' logs, the head's roles' own logs (the share is removed after the test) and
+    `dart-jax run`'s stderr: what a failure shows."""
     logs = [hosts[w].home / "dart-jax" / remote.LOG for w in WORKERS]
-    return "\n".join(p.read_text()[-2500:] for p in [*logs, head_out] if p.exists())
+    roles = sorted((run / "logs").glob("*.out.log")) if (run / "logs").is_dir() else []
+    return "\n".join(f"== {p}\n{p.read_text(errors='replace')[-2500:]}" for p in [*logs, *roles, head_out] if p.exists())
 
 
 def _digests(path: Path, dtype: str) -> dict[str, str]:
@@ -227,8 +230,8 @@ def _rehearse(tmp_path: Path, hosts: Hosts, share: Path, policy: Path) -> None:
         proc = subprocess.Popen(run_argv, stdout=stdout, stderr=stderr)  # a new login: the group counts
     try:
         while not (2 in _committed(run) and len(_trainers(hosts)) == len(WORKERS)):
-            assert proc.poll() is None, _logs(hosts, err)
-            assert time.monotonic() - start < LIMIT_S, f"no checkpoint of step 2 in {LIMIT_S} s:\n{_logs(hosts, err)}"
+            assert proc.poll() is None, _logs(hosts, err, run)
+            assert time.monotonic() - start < LIMIT_S, f"no checkpoint of step 2 in {LIMIT_S} s:\n{_logs(hosts, err, run)}"
             time.sleep(0.5)
         resume_at = _committed(run)[-1]
         # host 1's trainer dies (the launch's wrapper lives to write its exit code): the supervisor submits again
@@ -240,7 +243,7 @@ def _rehearse(tmp_path: Path, hosts: Hosts, share: Path, policy: Path) -> None:
             proc.wait(60)
         puller.send_signal(signal.SIGTERM)
         pulled = json.loads(puller.communicate(timeout=60)[0] or "{}")
-    assert proc.returncode == 0, _logs(hosts, err)
+    assert proc.returncode == 0, _logs(hosts, err, run)
     summary = json.loads(out.read_text().strip().splitlines()[-1])
     assert summary["rl_steps"] == STEPS and summary["restarts"] == {"trainer": 1}, json.dumps(summary)
     assert summary["demo_successes"] > 0 and summary["pool_imported"] > 0, json.dumps(summary)
