@@ -3,11 +3,13 @@ OSWorld in-VM server (a real HTTP server on 127.0.0.1 answering like the VM's), 
 session's desktop VM server (marker `vm`)."""
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import json
 import shutil
 import threading
+from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
@@ -70,6 +72,17 @@ def env_server():
 
 def client(endpoint: str, **kwargs) -> EnvClient:
     return EnvClient(WireConfig(endpoint=endpoint, timeout_s=30.0), **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def desktop_env(endpoint: str) -> AsyncIterator:
+    """One `osworld` slot of a VM server, leased with a desktop VM's step and reset timeouts;
+    the client closed after."""
+    c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
+    try:
+        yield await c.acquire("osworld")
+    finally:
+        await c.aclose()
 
 
 class FakeVM:

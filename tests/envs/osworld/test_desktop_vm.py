@@ -15,7 +15,7 @@ from envs.osworld import evaluation, image
 from envs.osworld.env import VMClient, accessibility_lines, bundled_tasks, window_lines
 from envs.types import Action, EnvError
 
-from tests.envs.conftest import FakeVM, alive, client, observation, oracle_episode, run, spec
+from tests.envs.conftest import FakeVM, alive, client, desktop_env, observation, oracle_episode, run, spec
 
 MARKER = "/home/user/episode-marker"
 
@@ -25,9 +25,7 @@ def test_oracle_solves_every_bundled_task_and_the_screen_changes(vm_server):
     _, endpoint = vm_server
 
     async def main():
-        c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        try:
-            env = await c.acquire("osworld")
+        async with desktop_env(endpoint) as env:
             results, screens = {}, {}
             for name in sorted(bundled_tasks()):
                 first = await env.reset(spec("osworld", name))
@@ -39,8 +37,6 @@ def test_oracle_solves_every_bundled_task_and_the_screen_changes(vm_server):
                 results[name] = await env.evaluate()
                 screens[name] = (first.observation.screenshot, reply.observation.screenshot)
             return results, screens
-        finally:
-            await c.aclose()
 
     results, screens = run(main())
     assert {n: (r.reward, r.status) for n, r in results.items()} == \
@@ -54,9 +50,7 @@ def test_a_reset_restores_the_snapshot(vm_server):
     envs, endpoint = vm_server
 
     async def main():
-        c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        try:
-            env = await c.acquire("osworld")
+        async with desktop_env(endpoint) as env:
             await env.reset(spec("osworld", "mousepad-save-as"))
             vm = envs.slots[env.slot].env.vm
             # the AT-SPI tree of the desktop, as OSWorld's server gives it (15 s under TCG, more
@@ -68,8 +62,6 @@ def test_a_reset_restores_the_snapshot(vm_server):
             await env.reset(spec("osworld", "os-infeasible-16k"))
             after = vm.file("/home/user/Documents/up.txt")
             return tree, reply, written, after
-        finally:
-            await c.aclose()
 
     tree, reply, written, after = run(main())
     assert any(' frame "Untitled 1 - Mousepad" ' in line for line in accessibility_lines(tree)), tree[:2000]
@@ -99,17 +91,13 @@ def test_random_actions_never_crash_the_slot(vm_server, seed):
         return Action(kind=kind, point=point if kind != "wait" else None)
 
     async def main():
-        c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        try:
-            env = await c.acquire("osworld")
+        async with desktop_env(endpoint) as env:
             replies = [await env.reset(spec("osworld", "mousepad-save-as"))]
             for _ in range(12):
                 replies.append(await env.step(actions.render(random_action(), screen)))
             reward = await env.evaluate()
             again = await oracle_episode(env, spec("osworld", "os-infeasible-16k"))
             return replies, reward, again
-        finally:
-            await c.aclose()
 
     replies, reward, again = run(main())
     assert [r.status for r in replies] == ["ok"] * len(replies), [r.message for r in replies if r.status != "ok"]

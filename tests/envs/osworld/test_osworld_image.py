@@ -13,7 +13,7 @@ from envs.osworld.cdp import DevTools
 from envs.osworld.env import _example, bundled_tasks
 from envs.types import Task, TaskError
 
-from tests.envs.conftest import client, oracle_episode, run, spec
+from tests.envs.conftest import desktop_env, oracle_episode, run, spec
 
 DOMAIN_TASKS = sorted(set(bundled_tasks("osworld")) - set(bundled_tasks("desktop")))
 
@@ -37,9 +37,7 @@ def test_each_domain_task_scores_1_solved_by_its_oracle_and_0_left_alone(osworld
     _, endpoint = osworld_vm_server
 
     async def main():
-        c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        try:
-            env = await c.acquire("osworld")
+        async with desktop_env(endpoint) as env:
             scores = {}
             for name in DOMAIN_TASKS:
                 await env.reset(spec("osworld", name))  # the setup runs; its snapshot is saved
@@ -47,8 +45,6 @@ def test_each_domain_task_scores_1_solved_by_its_oracle_and_0_left_alone(osworld
                 solved = await oracle_episode(env, spec("osworld", name), max_steps=25)  # restores it
                 scores[name] = (left.reward, solved.reward, solved.status)
             return scores
-        finally:
-            await c.aclose()
 
     scores = run(main())
     assert scores == {name: (0.0, 1.0, "success") for name in DOMAIN_TASKS}
@@ -62,13 +58,9 @@ def test_the_images_settings_take_effect_in_the_guest(osworld_vm_server):
     envs, endpoint = osworld_vm_server
 
     async def main():
-        c = client(endpoint, step_timeout_s=150.0, reset_timeout_s=450.0)
-        try:
-            env = await c.acquire("osworld")
+        async with desktop_env(endpoint) as env:
             await env.reset(spec("osworld", "os-infeasible-16k"))  # the ready desktop, no setup
             return envs.slots[env.slot].env
-        finally:
-            await c.aclose()
 
     backend = run(main())
     runner = backend._runner()
