@@ -66,6 +66,7 @@ class Episode:
 class Lease:
     id: str
     client_id: str
+    session: str  # the client's life ("" = none)
     expires: float
 
 
@@ -254,16 +255,31 @@ class EnvServer:
             if not candidates:
                 raise _Refuse("bad_request", f"no {msg.backend!r} slots here "
                               f"(backends: {sorted({s.backend for s in self.slots})})")
+            if msg.session:
+                self._void_earlier_lives(msg.client_id, msg.session)
             free = [s for s in candidates if s.lease is None]
             if not free:
                 raise _Refuse("unavailable", f"all {len(candidates)} slots are leased")
             slot = min(free, key=lambda s: s.restarting or s.env is None)  # a started backend first
-            slot.lease = Lease(uuid.uuid4().hex, msg.client_id, time.monotonic() + self.cfg.lease_s)
+            slot.lease = Lease(uuid.uuid4().hex, msg.client_id, msg.session, time.monotonic() + self.cfg.lease_s)
             slot.episode = None
             self.leases[slot.lease.id] = slot
-        log.info("slot %d (%s) leased to %s", slot.index, slot.backend, msg.client_id)
+        log.info("slot %d (%s) leased to %s%s", slot.index, slot.backend, msg.client_id,
+                 f" (session {msg.session})" if msg.session else "")
         return EnvLease(lease_id=slot.lease.id, slot=slot.index, backend=slot.backend,
                         lease_s=self.cfg.lease_s)
+
+    def _void_earlier_lives(self, client_id: str, session: str) -> None:
+        """Leases of `client_id` under another session belong to a life that ended (the
+        client restarted): they expire now, and the reaper frees each slot once a call still
+        running on it returns. Caller holds `self.lock`."""
+        for slot in self.slots:
+            lease = slot.lease
+            if lease is not None and lease.client_id == client_id and lease.session not in ("", session) \
+                    and lease.expires > 0:
+                log.warning("slot %d: the lease of %s's earlier session %s is void (it restarted as %s)",
+                            slot.index, client_id, lease.session, session)
+                lease.expires = 0.0
 
     def heartbeat(self, msg: EnvHeartbeat) -> EnvHeartbeatAck:
         alive = []

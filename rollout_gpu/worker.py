@@ -12,8 +12,8 @@ during a pull are drained, so versions retired meanwhile are skipped), and a hea
 that keeps this worker's assignments out. A load that breaks the engine ends the worker
 (its supervisor restarts it on a fresh engine, which catches up to the newest version). Each assignment is honoured exactly: its rollout
 count, its step cap. A killed worker loses nothing acknowledged; its assignments return
-to the pool when it restarts (a new session) or stays silent, its env leases when they
-expire.
+to the pool when it restarts (a new session) or stays silent, its env leases likewise (a
+new session's first acquire voids them; else they expire).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class Worker:
         self.cfg, self.engine, self.builder, self.weights = cfg, engine, builder, weights
         self.session = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.dm = AsyncClient(dm_wire)
-        self.envs = EnvPool(env_wires, f"{cfg.worker_id}:{self.session}")
+        self.envs = EnvPool(env_wires, cfg.worker_id, self.session)
         self.work = Work(self.dm, cfg, self.session, engine)
         self.policy = EnginePolicy(engine)
         self.metrics = metrics

@@ -37,11 +37,13 @@ log = logging.getLogger(__name__)
 
 
 class EnvClient:
-    def __init__(self, cfg: WireConfig, client_id: str = "", *, reset_timeout_s: float = 150.0,
+    def __init__(self, cfg: WireConfig, client_id: str = "", *, session: str = "", reset_timeout_s: float = 150.0,
                  step_timeout_s: float = 90.0, evaluate_timeout_s: float = 330.0):
-        """Timeouts must exceed the server's own (EnvServerConfig); checked on the first acquire."""
+        """Timeouts must exceed the server's own (EnvServerConfig); checked on the first acquire.
+        `session` names this life of `client_id`: the server voids the leases of its other lives."""
         self.wire = AsyncClient(cfg)
         self.client_id = client_id or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.session = session
         self.timeouts = {"reset": reset_timeout_s, "step": step_timeout_s, "evaluate": evaluate_timeout_s}
         self.sessions: dict[str, EnvSession] = {}
         self._heartbeat: asyncio.Task | None = None
@@ -54,7 +56,7 @@ class EnvClient:
         deadline, delay = time.monotonic() + wait_s, 0.05
         while True:
             try:
-                lease = await self.wire.request(EnvAcquire(client_id=self.client_id, backend=backend))
+                lease = await self.wire.request(EnvAcquire(client_id=self.client_id, backend=backend, session=self.session))
                 break
             except RemoteError as e:
                 if e.code != "unavailable" or time.monotonic() + delay > deadline:
@@ -154,8 +156,8 @@ class EnvSession:
 class EnvPool:
     """Env slots from several env servers: a lease from whichever has a free slot of the backend."""
 
-    def __init__(self, wires: Sequence[WireConfig], client_id: str):
-        self.clients = [EnvClient(w, client_id=client_id) for w in wires]
+    def __init__(self, wires: Sequence[WireConfig], client_id: str, session: str = ""):
+        self.clients = [EnvClient(w, client_id=client_id, session=session) for w in wires]
         self._next = 0
 
     async def acquire(self, backend: str, wait_s: float) -> EnvSession:

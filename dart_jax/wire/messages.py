@@ -13,8 +13,9 @@ from typing import Annotated, Literal, Union
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 4  # 3: weight versions travel as pieces of tensors, served by every trainer host;
-                      # 4: a worker on a trainer host's machine takes buckets through shared memory
+PROTOCOL_VERSION = 5  # 3: weight versions travel as pieces of tensors, served by every trainer host;
+                      # 4: a worker on a trainer host's machine takes buckets through shared memory;
+                      # 5: an env lease names its client's session (a restart voids the old ones)
 
 ErrorCode = Literal["bad_request", "unknown_message", "too_large", "version", "timeout",
                     "internal", "not_found", "unavailable", "conflict"]
@@ -382,6 +383,9 @@ EnvStepStatus = Literal["ok", "invalid", "env_error"]
 class EnvAcquire(Msg):
     client_id: Id
     backend: BackendName = ""  # "" = any backend
+    # the client's life ("" = none): its first acquire voids the leases of the client's earlier
+    # lives (a restarted worker gets its predecessor's slots at once, not after `lease_s`)
+    session: OptionalId = ""
 
 
 class EnvLease(Msg):

@@ -209,6 +209,33 @@ def test_a_killed_client_loses_its_slot(env_server):
         proc.wait()
 
 
+def test_a_clients_new_session_voids_its_earlier_sessions_leases_and_no_one_elses(env_server):
+    """A restarted worker (same client id, new session) gets the slots its dead life held at
+    once, not after `lease_s`; another client's lease and a session-less one are kept."""
+    _, endpoint = env_server(SyntheticSlots(count=3), lease_s=60.0)
+
+    async def main():
+        old = client(endpoint, client_id="rollout-0", session="1-a")
+        other, anonymous = client(endpoint, client_id="rollout-1", session="2-b"), client(endpoint, client_id="rollout-0")
+        dead, kept, plain = await old.acquire(), await other.acquire(), await anonymous.acquire()
+        old._heartbeat.cancel()  # its process died: no heartbeat, no release
+        new = client(endpoint, client_id="rollout-0", session="3-c")
+        start = time.monotonic()
+        env = await new.acquire(wait_s=10)
+        waited = time.monotonic() - start
+        reward = await oracle_episode(env, spec("synthetic", "form", 2))
+        with pytest.raises(RemoteError, match="not_found"):
+            await dead.reset(spec("synthetic", "form", 1))
+        with pytest.raises(RemoteError, match="unavailable"):  # the other two leases still stand
+            await new.acquire(wait_s=0.0)
+        for c in (new, other, anonymous):
+            await c.aclose()
+        return waited, reward, kept.lost, plain.lost
+
+    waited, reward, *lost = run(main())
+    assert waited < 5 and reward.reward == 1.0 and lost == [False, False]
+
+
 def test_a_lease_taken_while_a_heartbeat_is_in_flight_is_not_taken_for_lost(env_server):
     """The ack names only the leases the heartbeat asked about. An episode that ends and a next
     one that leases the slot before the ack is read must keep its lease: marked lost, its
