@@ -180,11 +180,14 @@ class TrainerConfig:
     max_seconds: float | None = bounded(None, gt=0)
     sft_data: str = "data/demos"  # SFT: a *.traj directory or a JSONL file
     export: bool = True
+    # RL: compile the update for each bucket, smallest first, while the first batch is awaited
+    # (train/precompile.py); off: each bucket compiles when a batch first needs it
+    precompile: bool = True
     distributed: DistributedConfig = DistributedConfig()
 
     # a resumed run may change these: they are not part of what its checkpoints were trained under
     RUN_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"steps", "batch_wait_s", "max_seconds", "sft_data", "export", "distributed"})
+        {"steps", "batch_wait_s", "max_seconds", "sft_data", "export", "precompile", "distributed"})
 
     def learning(self) -> dict:
         """The settings the train state depends on (all but RUN_FIELDS): what a resume must match."""

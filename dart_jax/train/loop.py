@@ -30,6 +30,7 @@ from jax.experimental import multihost_utils
 from dart_jax.train.batch import TrainBatch
 from dart_jax.train.checkpoint import Checkpointer
 from dart_jax.train.collate import Collator
+from dart_jax.train.precompile import Precompiler
 from dart_jax.train.sources import DataManagerSource, NoBatchWithin
 from dart_jax.train.publish import WeightPublisher
 from dart_jax.train.task_trace import TaskTrace
@@ -73,27 +74,36 @@ def rl_loop(trainer: Trainer, source: DataManagerSource, collator: Collator, pub
     resume(trainer, source, publisher, ckpt)
     stop, metrics = EarlyStop(trainer, ckpt, source, budget or Budget(), log), Deferred(log)
     source.until = stop.budget.ends_at()  # a batch wait ends with the budget
-    while trainer.step < steps and not stop.out_of_time(metrics):
-        fetched = time.time()
-        try:
-            batch = next(source)
-        except NoBatchWithin as e:
-            stop.no_batch(metrics, e, time.time() - fetched)
-            break
-        started, before = time.time(), trainer.step
-        update = trainer.update_rl(batch, collator)
-        if log_tasks is not None:
-            log_tasks(trainer.step, trainer.tasks)
-        metrics.flush()
-        jax.block_until_ready(trainer.state)  # the update's own time ends here, not in the publish
-        published = time.time()
-        version = publisher.publish(trainer.state.params)
-        metrics.defer(trainer.step, update, {
-            "batch/id": batch.batch_id, "batch/trajectories": len(batch.trajectories),
-            "batch/injected": len(batch.injected), "policy/version": version,
-            "time/fetch_start": fetched, "time/update_start": started, "time/publish_start": published,
-            "time/publish_end": time.time(), **_staleness(batch, version)})
-        _checkpoint(trainer, ckpt, source, before, steps)
+    ahead = Precompiler(trainer, collator)  # the first wait compiles the update's programs
+    if trainer.cfg.precompile and trainer.step < steps:
+        ahead.start()
+    try:
+        while trainer.step < steps and not stop.out_of_time(metrics):
+            fetched = time.time()
+            try:
+                batch = next(source)
+            except NoBatchWithin as e:
+                stop.no_batch(metrics, e, time.time() - fetched)
+                break
+            finally:
+                ahead.stop()  # the update compiles what the thread has not
+            started, before = time.time(), trainer.step
+            update = trainer.update_rl(batch, collator)
+            if log_tasks is not None:
+                log_tasks(trainer.step, trainer.tasks)
+            metrics.flush()
+            jax.block_until_ready(trainer.state)  # the update's own time ends here, not in the publish
+            published = time.time()
+            version = publisher.publish(trainer.state.params)
+            metrics.defer(trainer.step, update, {
+                "batch/id": batch.batch_id, "batch/trajectories": len(batch.trajectories),
+                "batch/injected": len(batch.injected), "policy/version": version,
+                "time/fetch_start": fetched, "time/update_start": started, "time/publish_start": published,
+                "time/publish_end": time.time(), **_staleness(batch, version)})
+            _checkpoint(trainer, ckpt, source, before, steps)
+    finally:
+        ahead.stop()
+        ahead.join()  # not a compile left running as the process ends
     _finish(metrics, ckpt)
 
 

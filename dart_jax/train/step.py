@@ -17,13 +17,15 @@ once per slot of the row ([N, T]), and each slot's loss mask picks its own posit
 losses' rows are steps whether or not rows are packed.
 `TrainFunctions` compiles each function once per (bucket, shardings) with explicit in/out shardings and
 donated buffers (the state into `apply`, the accumulator into `accumulate`), and counts the
-compilations. Parameters stay fp32 (master weights); the model's compute dtype is set when it
+compilations; its `compile_*` methods compile without running (from arrays or ShapeDtypeStructs),
+from any thread: a program another thread is compiling is waited for, not compiled twice. Parameters stay fp32 (master weights); the model's compute dtype is set when it
 is built (`compute_dtype`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Callable
 
 import jax
@@ -229,6 +231,8 @@ class TrainFunctions:
         self.state_shardings = TrainState(rep, self.param_shardings, opt)
         self.compiles: dict[str, int] = {}
         self._cache: dict[tuple, Callable] = {}
+        self._compiling: dict[tuple, threading.Lock] = {}  # one lock per program being compiled
+        self._lock = threading.Lock()  # guards _compiling
         self._sum_shapes = None  # (metric sums, mismatch sums, sign sums, counts) a micro-batch adds
 
     # -- sharding helpers
@@ -250,14 +254,19 @@ class TrainFunctions:
         """The executable of `fn` for these argument shapes; `out_shardings` may be a
         function of the output shapes (traced only when compiling)."""
         key = (name, _shape_key(args))
-        if key not in self._cache:
-            if callable(out_shardings):
-                out_shardings = out_shardings(jax.eval_shape(fn, *args))
-            jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
-                             donate_argnums=donate)
-            with jax.set_mesh(self.mesh):
-                self._cache[key] = jitted.lower(*args).compile()
-            self.compiles[name] = self.compiles.get(name, 0) + 1
+        if (exe := self._cache.get(key)) is not None:
+            return exe
+        with self._lock:
+            compiling = self._compiling.setdefault(key, threading.Lock())
+        with compiling:
+            if key not in self._cache:
+                if callable(out_shardings):
+                    out_shardings = out_shardings(jax.eval_shape(fn, *args))
+                jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                                 donate_argnums=donate)
+                with jax.set_mesh(self.mesh):
+                    self._cache[key] = jitted.lower(*args).compile()
+                self.compiles[name] = self.compiles.get(name, 0) + 1
         return self._cache[key]
 
     # -- the step functions
@@ -267,17 +276,22 @@ class TrainFunctions:
                               self.state_shardings)(params)
 
     def score(self, params, ref_params, mb: TrainBatch) -> Scores:
+        return self.compile_score(params, ref_params, mb)(params, ref_params, mb)
+
+    def compile_score(self, params, ref_params, mb: TrainBatch):
         fn = lambda p, r, b: score(self.graphdef, self.cfg, p, r, b)  # noqa: E731
         row = NamedSharding(self.mesh, PartitionSpec(ROWS))
         ref_sh = None if ref_params is None else self.param_shardings
         return self._compiled("score", fn, (params, ref_params, mb),
                               (self.param_shardings, ref_sh, self.batch_shardings(mb)),
-                              lambda out: jax.tree.map(lambda _: row, out))(params, ref_params, mb)
+                              lambda out: jax.tree.map(lambda _: row, out))
 
     def zeros(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
         """An empty accumulator; its metric names depend on the config, not the bucket."""
-        init = self._zeros_fn(params, mb, rows)
-        return self._compiled("zeros", init, (), (), self._acc_shardings)()
+        return self.compile_zeros(params, mb, rows)()
+
+    def compile_zeros(self, params, mb: TrainBatch, rows: RowTargets):
+        return self._compiled("zeros", self._zeros_fn(params, mb, rows), (), (), self._acc_shardings)
 
     def accumulator_shapes(self, params, mb: TrainBatch, rows: RowTargets) -> Accumulator:
         """What `zeros` returns, as ShapeDtypeStructs (no memory)."""
@@ -314,10 +328,13 @@ class TrainFunctions:
 
     def apply(self, state: TrainState, acc: Accumulator) -> tuple[TrainState, dict]:
         """The next state; `state` is donated (its buffers hold the new state)."""
+        return self.compile_apply(state, acc)(state, acc)
+
+    def compile_apply(self, state: TrainState, acc: Accumulator):
         fn = lambda s, a: apply(self.cfg, s, a)  # noqa: E731
         rep = _replicated(self.mesh)
         out_sh = lambda out: (self.state_shardings, jax.tree.map(lambda _: rep, out[1]))  # noqa: E731
         return self._compiled("apply", fn, (state, acc),
                               (self.state_shardings, self._acc_shardings(acc)),
-                              out_sh, donate=(0,))(state, acc)
+                              out_sh, donate=(0,))
 
