@@ -9,11 +9,13 @@ cd "$(dirname "$0")"
 export PATH="$PWD/.venv/bin:$PATH"
 umask 002  # what the trainer writes on the shared root, the group's other users may write too
 EXIT=/mnt/runs/.dart-jax-exit/dart-jax-v5p-64/"$(hostname)$(pwd | tr / -)"  # a host (and a workdir: the rehearsal's hosts)
-alive() { [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }  # a zombie is gone
+# the launch's session (setsid: its id is the wrapper's): a process of it that runs dart-jax, zombies
+# aside. Not the wrapper alone: TERM ends the wrapper at once while the trainer, holding TERM, runs on
+alive() { ps -ww -o stat=,args= --sid "$1" 2>/dev/null | grep -v '^Z' | grep -q dart-jax; }
 stop() {
   [ -f train.pid ] || return 0
   pid=$(cat train.pid); rm -f train.pid
-  grep -aqs dart-jax "/proc/$pid/cmdline" || return 0  # gone, or its id was reused
+  alive "$pid" || return 0  # gone, or its id was reused
   kill -TERM -- "-$pid" 2>/dev/null || true
   for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
   kill -KILL -- "-$pid" 2>/dev/null || true  # JAX's preemption notice holds SIGTERM
