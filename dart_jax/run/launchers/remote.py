@@ -189,15 +189,18 @@ cd "$(dirname "$0")"
 export PATH="$PWD/.venv/bin:$PATH"
 umask 002  # what the trainer writes on the shared root, the group's other users may write too
 EXIT={shlex.quote(exit_dir(t))}/"$(hostname)$(pwd | tr / -)"  # a host (and a workdir: the rehearsal's hosts)
-alive() {{ [ -e "/proc/$1" ] && ! grep -qs '^[0-9]* (.*) Z' "/proc/$1/stat"; }}  # a zombie is gone
+# the launch's session (setsid: its id is the wrapper's): a process of it that runs dart-jax, zombies
+# aside. Not the wrapper alone: TERM ends the wrapper at once while the trainer, holding TERM, runs on
+alive() {{ ps -ww -o stat=,args= --sid "$1" 2>/dev/null | awk '$1 !~ /^Z/ && /dart-jax/ {{ f = 1 }} END {{ exit !f }}'; }}
+gone_within() {{ local end=$((SECONDS + $2)); while alive "$1"; do [ "$SECONDS" -lt "$end" ] || return 1; sleep 0.1; done; }}
 stop() {{
   [ -f {PID} ] || return 0
   pid=$(cat {PID}); rm -f {PID}
-  grep -aqs dart-jax "/proc/$pid/cmdline" || return 0  # gone, or its id was reused
+  alive "$pid" || return 0  # gone, or its id was reused
   kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
+  gone_within "$pid" 10 && return 0  # seconds, not tries: ps takes its own time on a loaded host
   kill -KILL -- "-$pid" 2>/dev/null || true  # JAX's preemption notice holds SIGTERM
-  for _ in $(seq 300); do alive "$pid" || return 0; sleep 0.1; done
+  gone_within "$pid" 30 || true
 }}
 case "${{1:-start}}" in
   stop) stop ;;

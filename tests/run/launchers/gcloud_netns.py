@@ -2,7 +2,7 @@
 
     gcloud_netns.install(bin_dir, hosts, workers, env_of)   # bin_dir/gcloud, put it first on PATH
 
-`tpu-vm ssh --worker=all --command=C` runs C on every worker (tests.hosts: its network
+`tpu-vm ssh --worker=all --command=C` runs C on every worker at once (tests.hosts: its network
 namespace, its host name, as its user, in its home, with the environment a slice gives that
 worker); `tpu-vm scp FILES NAME:DEST --worker=all` copies the files into each worker's home
 and gives them to its user; `queued-resources describe` says ACTIVE, `tpu-vm describe`
@@ -62,14 +62,11 @@ def main(args: list[str], spec_path: str) -> int:
         return 2
     which = _flag(args, "worker")
     chosen = list(enumerate(workers)) if which == "all" else [(int(which), workers[int(which)])]
-    for i, key in chosen:
-        if args[3] == "ssh":
-            code = subprocess.run(hosts.argv(key, ["bash", "-c", _flag(args, "command")], env=spec["env"][i])).returncode
-        else:
-            code = _scp(args, hosts[key])
-        if code:
-            return code
-    return 0
+    if args[3] == "ssh":  # on every chosen worker at once, as gcloud's --worker=all does
+        procs = [subprocess.Popen(hosts.argv(key, ["bash", "-c", _flag(args, "command")], env=spec["env"][i]))
+                 for i, key in chosen]
+        return next((code for code in [p.wait() for p in procs] if code), 0)
+    return next((code for code in (_scp(args, hosts[key]) for _, key in chosen) if code), 0)
 
 
 def _scp(args: list[str], host) -> int:

@@ -57,6 +57,12 @@ ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = "configs/tpu/v5p-64.yaml"
 WORKERS, STEPS = ["slice0", "slice1"], 4
 LIMIT_S = 900  # the run's whole time: 310 s here at a load of 2-7 on 2 cores, 410 s at 5-11
+# JAX's compilation cache of the slice hosts, kept between runs on this machine as a slice's
+# cache on its share is between jobs (tests/deploy/test_images.py keeps the image smoke's so): a
+# warm run loads the first step's executables instead of compiling them on both hosts (entries
+# are keyed on the HLO and JAX's version: a changed step compiles afresh); bounded, least
+# recently used entries evicted. Root's, the share's group (the hosts' users write it), 2775.
+JAX_CACHE = Path("/var/cache/dart-jax-rehearsal-jax")
 
 
 def overrides(share: Path, policy: Path) -> list[str]:
@@ -71,11 +77,12 @@ def overrides(share: Path, policy: Path) -> list[str]:
             "trainer.batch_wait_s=600", "trainer.checkpoint.every_steps=1", "trainer.checkpoint.async_save=false"]
 
 
-def _slice_env(hosts: Hosts, worker: int, share: Path) -> dict:
+def _slice_env(hosts: Hosts, worker: int) -> dict:
     """What a slice gives each worker (its variables), what the offline install reuses, and
-    JAX's compilation cache on the shared root (process 0 writes it, every host reads it: the
-    resumed trainer loads what the first launch compiled)."""
-    return {"JAX_COMPILATION_CACHE_DIR": f"{share}/.jax-cache", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    JAX's compilation cache (process 0 writes it, every host reads it: the resumed trainer loads
+    what the first launch compiled, a warm run what an earlier run did)."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(JAX_CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(64 << 20),
             "TPU_WORKER_HOSTNAMES": ",".join(hosts[w].name for w in WORKERS), "TPU_WORKER_ID": str(worker),
             "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
             "DART_PYTHON": sys.executable, "DART_DEPS_FROM": sysconfig.get_paths()["purelib"], "UV_OFFLINE": "1",
@@ -205,8 +212,11 @@ def _rehearse(tmp_path: Path, hosts: Hosts, share: Path, policy: Path) -> None:
     _checkout(checkout, head.name)
     subprocess.run(["cp", "-r", str(policy), str(checkout / "tiny")], check=True)  # the head's own policy
     subprocess.run(["chown", "-R", f"{head.name}:{head.name}", str(checkout / "tiny")], check=True)
-    gcloud_netns.install(bin_dir, hosts, WORKERS, [_slice_env(hosts, i, share) for i in range(len(WORKERS))])
     cfg = load(RunConfig, ROOT / SHIPPED, overrides(share, policy)).seeded()
+    JAX_CACHE.mkdir(exist_ok=True)
+    os.chown(JAX_CACHE, 0, cfg.tpu.shared_root.gid)
+    JAX_CACHE.chmod(0o2775)
+    gcloud_netns.install(bin_dir, hosts, WORKERS, [_slice_env(hosts, i) for i in range(len(WORKERS))])
     assert cfg.data.wire.endpoint == "tcp://dart-jax-head:5557"  # the shipped address, resolved by every host
     env = {"PYTHONPATH": str(checkout), "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin:/sbin"}
 

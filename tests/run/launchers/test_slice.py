@@ -183,6 +183,21 @@ def test_a_trainer_that_exits_before_its_first_heartbeat_is_seen_in_seconds(tmp_
     assert list(proc.exited().values()) == [2]
 
 
+def test_stop_waits_for_a_trainer_that_holds_sigterm_not_only_for_its_wrapper(tmp_path):
+    """TERM ends the launch's wrapper (bash) at once; a trainer holding TERM (JAX's preemption
+    notice) runs on, and a new launch beside it would meet its coordinator port and its chips."""
+    holder = tmp_path / "dart-jax-holder.py"
+    holder.write_text("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: None)\ntime.sleep(2)\n")
+    t = dataclasses.replace(tpu.TPUConfig(), launch_command=f"{sys.executable} {holder}")
+    (tmp_path / remote.LAUNCH).write_text(remote.launch_script(t))
+    subprocess.run(["bash", remote.LAUNCH, "start"], cwd=tmp_path, check=True, timeout=60)
+    session = int((tmp_path / remote.PID).read_text())
+    time.sleep(0.5)  # the trainer has set its handler
+    subprocess.run(["bash", remote.LAUNCH, "stop"], cwd=tmp_path, check=True, timeout=60)
+    left = subprocess.run(["ps", "-o", "stat=,args=", "--sid", str(session)], capture_output=True, text=True).stdout
+    assert not [line for line in left.splitlines() if not line.startswith("Z")], left
+
+
 def test_a_refused_config_is_never_restarted_and_an_old_exit_code_is_not_this_launch(tmp_path, data_manager,
                                                                                      monkeypatch):
     monkeypatch.chdir(tmp_path)
