@@ -110,22 +110,6 @@ def _vm_os_terminal_move_txt(instruction, elements, obs):
                        "Make the archive folder, move the text files into it, change into it.")
 
 
-def _vm_chrome_open_tab(instruction, elements, obs):
-    """The browser window's title is its active tab's: the menu, a new tab, then the hours."""
-    browser = next((w for w in _windows(elements) if w.label.endswith(" - Chromium")), None)
-    if browser is None:
-        return _give_up("The web browser is not open.")
-    page = browser.label[:-len(" - Chromium")]
-    if page == "Hours":
-        return Action(kind="finished", thought="The hours page is open in a tab of its own.")
-    if page == "New Tab":
-        return Action(kind="type", content="file:///home/user/Documents/hours.html\n",
-                      thought="Type the page's address into the new tab's address bar.")
-    if page == "Menu":
-        return Action(kind="hotkey", keys=("ctrl", "t"), thought="Open a new tab.")
-    return Action(kind="wait", thought="The page is loading.")
-
-
 def _vm_vlc_play_file(instruction, elements, obs):
     """VLC's title is the playing file's name before " - VLC media player"; its Open dialog is
     another window, focused once it is up."""
@@ -154,6 +138,5 @@ SOLVERS: dict[str, Callable[[str, list[Element], Observation], Action]] = {
     "writer-txt-to-odt": _vm_writer_txt_to_odt,
     "impress-new-odp": _vm_impress_new_odp,
     "os-terminal-move-txt": _vm_os_terminal_move_txt,
-    "chrome-open-tab": _vm_chrome_open_tab,
     "vlc-play-file": _vm_vlc_play_file,
 }

@@ -25,7 +25,7 @@ FAST_PATH_TASKS = [name for name in DOMAIN_TASKS if not evaluation.unsupported(b
 
 def test_the_osworld_image_has_a_task_per_application_domain():
     apps = {app for name in DOMAIN_TASKS for app in bundled_tasks("osworld")[name]["related_apps"]}
-    assert {"libreoffice_calc", "libreoffice_writer", "libreoffice_impress", "os", "chrome"} <= apps
+    assert {"libreoffice_calc", "libreoffice_writer", "libreoffice_impress", "os", "vlc"} <= apps
 
 
 def test_a_domain_task_is_refused_on_slots_of_the_small_image():
