@@ -22,7 +22,8 @@ snapshot, or the task's own snapshot after its setup once one is saved
 evaluator (a remote VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
 evaluator lie in envs/osworld/evaluation.py's subset run with the official semantics; other tasks
 are refused on reset, unless the slots' `eval_sidecar` names desktop-env's environment: then
-getters and metrics outside the subset run in OSWorld's own code (envs/osworld/sidecar.py). Tasks bundled with this repository (envs/osworld/tasks/, for the
+getters and metrics outside the subset run in OSWorld's own code (envs/osworld/sidecar.py),
+and so does the whole evaluation of a task whose config says `"evaluator": "osworld"`. Tasks bundled with this repository (envs/osworld/tasks/, for the
 desktop image `make setup-vm` builds) are named by their id alone; with the slots'
 `osworld_dir` (a checkout of OSWorld), a task named by its id with config `{"domain": ...}`
 is read from the checkout, and the files
