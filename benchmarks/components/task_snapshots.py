@@ -22,6 +22,7 @@ import time
 from benchmarks.common import machine, spread
 from envs.config import OSWorldSlots, QemuSettings
 from envs.osworld.env import OSWorldEnv, bundled_tasks
+from envs.osworld.sidecar import VENV
 from envs.types import Task
 
 
@@ -44,8 +45,10 @@ def main() -> None:
     parser.add_argument("--memory-mib", type=int, default=1024)
     parser.add_argument("--tasks", nargs="*", default=[], help="bundled task ids (default: all with a setup)")
     args = parser.parse_args()
+    # eval_sidecar: the tasks scored by OSWorld's own getters are not refused at reset (resets
+    # never start the sidecar)
     slots = OSWorldSlots(provider="qemu", screen_width=1280, screen_height=800, observe_windows=True,
-                         http_timeout_s=60.0,
+                         http_timeout_s=60.0, eval_sidecar=str(VENV / "bin" / "python"),
                          qemu=QemuSettings(accel=args.accel, image=args.image, memory_mib=args.memory_mib))
     tasks = bundled_tasks(args.image)
     if unknown := set(args.tasks) - set(tasks):

@@ -22,7 +22,8 @@ snapshot, or the task's own snapshot after its setup once one is saved
 evaluator (a remote VM is used as it is: nothing reverts it). Without desktop-env, tasks whose setup steps and
 evaluator lie in envs/osworld/evaluation.py's subset run with the official semantics; other tasks
 are refused on reset, unless the slots' `eval_sidecar` names desktop-env's environment: then
-getters and metrics outside the subset run in OSWorld's own code (envs/osworld/sidecar.py). Tasks bundled with this repository (envs/osworld/tasks/, for the
+getters and metrics outside the subset run in OSWorld's own code (envs/osworld/sidecar.py),
+and so does the whole evaluation of a task whose config says `"evaluator": "osworld"`. Tasks bundled with this repository (envs/osworld/tasks/, for the
 desktop image `make setup-vm` builds) are named by their id alone; with the slots'
 `osworld_dir` (a checkout of OSWorld), a task named by its id with config `{"domain": ...}`
 is read from the checkout, and the files
@@ -323,6 +324,7 @@ class OSWorldEnv:
         self.sidecar = EvalSidecar(spec.eval_sidecar, call_timeout_s=spec.eval_timeout_s) \
             if spec.eval_sidecar and self.desktop is None else None
         self.example: dict | None = None
+        self.own_evaluator = False  # the episode is scored by OSWorld's evaluator, not the fast path
         self.files: FileCache | None = None  # the file cache of the task under way
         self.history: list[str] = []
         # files the evaluator fetches from the VM land here (made on first use)
@@ -344,6 +346,7 @@ class OSWorldEnv:
                             "subset (envs/osworld/evaluation.py); install desktop-env for the rest"
                             + ("" if self.sidecar else ", or set eval_sidecar for OSWorld's own evaluators"))
         self.files = self._file_cache(example) if self.desktop is None else None
+        self.own_evaluator = self._wants_own_evaluator(task)
         self.example, self.history = None, []
         shutil.rmtree(self.cache, ignore_errors=True)  # the episode's host files start empty
         if self.desktop is not None:
@@ -382,8 +385,9 @@ class OSWorldEnv:
         if self.desktop is not None:
             return float(self.desktop.evaluate())
         last = self.history[-1] if self.history else None
-        if self.sidecar is not None and evaluation.unsupported(self.example):
-            return self.sidecar.evaluate(self.example, self.vm.url, last, self.cache / "sidecar",
+        if self.sidecar is not None and (self.own_evaluator or evaluation.unsupported(self.example)):
+            self._runner().stage_cloud_files(self.example["evaluator"])  # where OSWorld's getter looks
+            return self.sidecar.evaluate(self.example, self.vm.url, last, self.cache,
                                          (self.spec.screen_width, self.spec.screen_height), self._ports())
         return self._runner().evaluate(self.example["evaluator"], last)
 
@@ -399,6 +403,18 @@ class OSWorldEnv:
         if self.sidecar is not None:
             self.sidecar.close()
         shutil.rmtree(self.cache, ignore_errors=True)
+
+    def _wants_own_evaluator(self, task: Task) -> bool:
+        """Whether the task's config asks for OSWorld's own evaluator (`"evaluator": "osworld"`)
+        even where envs/osworld/evaluation.py could score it (`"auto"`, the default: the fast
+        path where it can); that needs the sidecar, or desktop-env here, which always scores."""
+        choice = task.config.get("evaluator", "auto")
+        if choice not in ("auto", "osworld"):
+            raise TaskError(f"task {task.id}: config 'evaluator' is 'auto' or 'osworld', not {str(choice)[:40]!r}")
+        if choice == "osworld" and self.sidecar is None and self.desktop is None:
+            raise TaskError(f"task {task.id}: OSWorld's own evaluator needs the slots' eval_sidecar "
+                            "(make setup-osworld-eval)")
+        return choice == "osworld"
 
     def _file_cache(self, example: dict) -> FileCache | None:
         """The slots' file cache, holding every file the task fetches on the host (or a

@@ -227,6 +227,15 @@ class Runner:
         return str(target)
 
 
+    def stage_cloud_files(self, evaluator: dict) -> None:
+        """Every file the evaluator's cloud_file getters name, written from the file cache into
+        the episode's folder under its `dest` name: where OSWorld's own getter (the sidecar)
+        finds it instead of downloading it."""
+        for role in ("result", "expected"):
+            for getter in _as_list(evaluator.get(role)):
+                if isinstance(getter, dict) and getter.get("type") == "cloud_file":
+                    self._cloud_file(getter)
+
     def _cloud_file(self, getter: dict) -> str | list[str]:
         """The expected file(s) from the file cache, written under their `dest` names;
         `multi` takes lists, `gives` picks which paths the metric gets (OSWorld's getter)."""

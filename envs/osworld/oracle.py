@@ -46,14 +46,20 @@ def _vm_mousepad_save_as(instruction, elements, obs):
     return Action(kind="hotkey", keys=("ctrl", "shift", "s"), thought="Save it under the name asked for.")
 
 
-def _vm_xterm_mkdir(instruction, elements, obs):
+def _shell_into(elements: list[Element], folder: str, command: str, thought: str) -> Action:
+    """A terminal task whose command ends by changing into `folder`: done once the terminal's
+    title (the shell's working directory) shows it."""
     shell = next((w for w in _windows(elements) if w.label.startswith("user@dart-vm: ")), None)
     if shell is None:
         return _give_up("No terminal is open.")
-    if shell.label.endswith(": ~/reports"):
-        return Action(kind="finished", thought="The shell is inside the new reports folder.")
-    return Action(kind="type", content="mkdir -p ~/reports && cd ~/reports\n",
-                  thought="Create the folder and change into it.")
+    if shell.label.endswith(f": {folder}"):
+        return Action(kind="finished", thought=f"The command ran; the shell is in {folder}.")
+    return Action(kind="type", content=command + "\n", thought=thought)
+
+
+def _vm_xterm_mkdir(instruction, elements, obs):
+    return _shell_into(elements, "~/reports", "mkdir -p ~/reports && cd ~/reports",
+                       "Create the folder and change into it.")
 
 
 def _libreoffice_save_as(elements: list[Element], app: str, path: str) -> Action:
@@ -99,6 +105,27 @@ def _vm_impress_new_odp(instruction, elements, obs):
     return _libreoffice_save_as(elements, "Impress", "/home/user/Documents/talk.odp")
 
 
+def _vm_os_terminal_move_txt(instruction, elements, obs):
+    return _shell_into(elements, "~/archive", "mkdir -p ~/archive && mv ~/inbox/*.txt ~/archive/ && cd ~/archive",
+                       "Make the archive folder, move the text files into it, change into it.")
+
+
+def _vm_vlc_play_file(instruction, elements, obs):
+    """VLC's title is the playing file's name before " - VLC media player"; its Open dialog is
+    another window, focused once it is up."""
+    windows = _windows(elements)
+    player = next((w for w in windows if w.label.endswith("VLC media player")), None)
+    if player is None:
+        return _give_up("The media player is not open.")
+    if player.label == "chime.wav - VLC media player":
+        return Action(kind="finished", thought="chime.wav is playing.")
+    if any(w.focused for w in windows if w is not player):
+        return Action(kind="type", content="/home/user/Music/chime.wav\n", thought="Name the file and open it.")
+    if player.label == "VLC media player" and player.focused:
+        return Action(kind="hotkey", keys=("ctrl", "o"), thought="Open a file.")
+    return Action(kind="wait", thought="The open dialog is on its way.")
+
+
 def _vm_infeasible(instruction, elements, obs):
     return Action(kind="call_user", thought="No screen can show 16K here: the task is infeasible.")
 
@@ -110,4 +137,6 @@ SOLVERS: dict[str, Callable[[str, list[Element], Observation], Action]] = {
     "calc-csv-to-ods": _vm_calc_csv_to_ods,
     "writer-txt-to-odt": _vm_writer_txt_to_odt,
     "impress-new-odp": _vm_impress_new_odp,
+    "os-terminal-move-txt": _vm_os_terminal_move_txt,
+    "vlc-play-file": _vm_vlc_play_file,
 }

@@ -38,6 +38,17 @@ VENV = Path(__file__).resolve().parents[2] / ".venv-osworld-eval"
 MAX_REPLY_BYTES = 1 << 20
 
 
+def _cache_base(task_files: Path, task_id: str) -> Path:
+    """desktop-env's cache folder for the task: it reads a task's host files from `<base>/<id>`,
+    here a link to the episode's folder `task_files`."""
+    base = task_files / "osworld-eval"
+    base.mkdir(parents=True, exist_ok=True)
+    link = base / task_id
+    if not link.is_symlink():
+        link.symlink_to("../", target_is_directory=True)
+    return base
+
+
 class EvalSidecar:
     """One sidecar process, started on first use (see the module docstring)."""
 
@@ -49,16 +60,18 @@ class EvalSidecar:
         self.process: subprocess.Popen | None = None
         self._buffer = b""
 
-    def evaluate(self, example: dict, vm_url: str, last_action: str | None, cache_dir: str | Path,
+    def evaluate(self, example: dict, vm_url: str, last_action: str | None, task_files: str | Path,
                  screen: tuple[int, int], ports: dict[str, int] | None = None) -> float:
-        """OSWorld's DesktopEnv.evaluate of `example` against the VM at `vm_url`; `ports`:
-        where the guest's browser DevTools (`chromium`) and VLC (`vlc`) answer on that host,
-        when not on OSWorld's 9222 and 8080."""
+        """OSWorld's DesktopEnv.evaluate of `example` against the VM at `vm_url`; `task_files`:
+        the episode's host folder (what its setup left there for cache_file getters, the
+        cloud_file files); `ports`: where the guest's browser DevTools (`chromium`) and VLC
+        (`vlc`) answer on that host, when not on OSWorld's 9222 and 8080."""
         if not NAME.fullmatch(str(example.get("id"))):  # desktop-env makes a folder of that name
             raise TaskError(f"OSWorld task {str(example.get('id'))[:100]!r}: the sidecar needs a plain id "
                             "(letters, digits, _ . -)")
         self._start()
-        request = {"example": example, "vm": vm_url, "last_action": last_action, "cache_dir": str(cache_dir),
+        request = {"example": example, "vm": vm_url, "last_action": last_action,
+                   "cache_dir": str(_cache_base(Path(task_files), example["id"])),
                    "screen": list(screen), "ports": dict(ports or {})}
         try:
             self.process.stdin.write((json.dumps(request) + "\n").encode())

@@ -184,9 +184,11 @@ def vm_server():
 def osworld_vm_server():
     """The same with one VM of the `osworld` image (marker `osworld_image`), its guest sized
     for one of OSWorld's applications at a time (docs/desktop-vms.md), 10 s for the screen to
-    settle after an action (LibreOffice's dialogs take 10-30 s to open under TCG here)."""
+    settle after an action (LibreOffice's dialogs take 10-30 s to open under TCG here), and
+    OSWorld's evaluators in a sidecar (started only by a task that asks for them)."""
+    from envs.osworld.sidecar import VENV
     yield from _serving_vms(dataclasses.replace(vm_slots(image="osworld", memory_mib=OSWORLD_GUEST_MIB),
-                                                settle_s=10.0))
+                                                settle_s=10.0, eval_sidecar=str(VENV / "bin" / "python")))
 
 
 OSWORLD_GUEST_MIB = 2048

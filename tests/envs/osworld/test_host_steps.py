@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -17,6 +18,7 @@ from envs.osworld import cdp
 from envs.osworld.evaluation import Runner
 from envs.osworld.env import OSWorldEnv, VMClient
 from envs.osworld.files import FileCache
+from envs.osworld.sidecar import EvalSidecar
 from envs.osworld.qemu import free_port
 from envs.types import EnvError, Task, TaskError
 from tests.envs.conftest import vm_slots
@@ -145,3 +147,28 @@ def test_download_reaches_the_real_vm_through_its_upload_route(cached, tmp_path)
     finally:
         env.close()
     assert json.loads((tmp_path / "files" / "manifest.json").read_text())["files"][url]["size"] == 3000
+
+
+def test_the_sidecar_finds_the_tasks_host_files_where_osworlds_getters_look(cached, fake_vm):
+    """OSWorld's cloud_file and cache_file getters read `<cache_dir>/<task id>/<name>`: the
+    episode's folder, where the cloud_file files are staged from the file cache before the
+    sidecar is asked (a sidecar here that scores 1 when both files are there)."""
+    files, _ = cached
+    example = {"id": "h2-staged", "instruction": "", "config": [
+                   {"type": "execute", "parameters": {"command": ["echo", "x"], "stdout": "echo.out"}}],
+               "evaluator": {"func": "compare_table", "result": {"type": "cache_file", "path": "echo.out"},
+                             "expected": {"type": "cloud_file", "path": "https://files.example/gold.xlsx",
+                                          "dest": "gold.xlsx"}}}
+    program = ("import json, sys, pathlib; print(json.dumps({'ready': True}), flush=True)\n"
+               "for line in sys.stdin:\n"
+               "    r = json.loads(line); d = pathlib.Path(r['cache_dir']) / r['example']['id']\n"
+               "    ok = (d / 'gold.xlsx').read_bytes() == b'gold' and (d / 'echo.out').is_file()\n"
+               "    print(json.dumps({'score': float(ok)}), flush=True)")
+    env = OSWorldEnv(OSWorldSlots(provider="remote", remote_urls=(fake_vm.url,), settle_s=0.0,
+                                  file_cache=str(files.root), eval_sidecar=sys.executable))
+    env.sidecar = EvalSidecar(command=[sys.executable, "-c", program])
+    try:
+        env.reset(Task("osworld/h2-staged", "osworld", "h2-staged", config={"example": example}))
+        assert env.evaluate() == 1.0
+    finally:
+        env.close()

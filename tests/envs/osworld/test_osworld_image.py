@@ -1,7 +1,9 @@
 """The `osworld` image (markers `vm` and `osworld_image`: skipped where `make
 setup-vm-osworld` has not built it; one VM shared by the session): its settings take effect
 in the guest, and every bundled task of OSWorld's application domains is solved by its
-oracle through the env server and scored 1 by envs/osworld/evaluation.py, 0 left unsolved."""
+oracle through the env server and scored 1 by envs/osworld/evaluation.py, 0 left unsolved, and
+(marker `osworld_eval`) by OSWorld's own metric in the env server's sidecar, as the fast path
+scores it."""
 
 import base64
 import urllib.request
@@ -10,17 +12,20 @@ import pytest
 
 from envs.config import OSWorldSlots, QemuSettings
 from envs.osworld.cdp import DevTools
+from envs.osworld import evaluation
 from envs.osworld.env import _example, bundled_tasks
 from envs.types import Task, TaskError
 
 from tests.envs.conftest import desktop_env, oracle_episode, run, spec
 
 DOMAIN_TASKS = sorted(set(bundled_tasks("osworld")) - set(bundled_tasks("desktop")))
+# those envs/osworld/evaluation.py scores too (the rest need OSWorld's own getters: the sidecar)
+FAST_PATH_TASKS = [name for name in DOMAIN_TASKS if not evaluation.unsupported(bundled_tasks("osworld")[name])]
 
 
 def test_the_osworld_image_has_a_task_per_application_domain():
     apps = {app for name in DOMAIN_TASKS for app in bundled_tasks("osworld")[name]["related_apps"]}
-    assert {"libreoffice_calc", "libreoffice_writer"} <= apps
+    assert {"libreoffice_calc", "libreoffice_writer", "libreoffice_impress", "os", "vlc"} <= apps
 
 
 def test_a_domain_task_is_refused_on_slots_of_the_small_image():
@@ -39,7 +44,7 @@ def test_each_domain_task_scores_1_solved_by_its_oracle_and_0_left_alone(osworld
     async def main():
         async with desktop_env(endpoint) as env:
             scores = {}
-            for name in DOMAIN_TASKS:
+            for name in FAST_PATH_TASKS:
                 await env.reset(spec("osworld", name))  # the setup runs; its snapshot is saved
                 left = await env.evaluate()
                 solved = await oracle_episode(env, spec("osworld", name), max_steps=25)  # restores it
@@ -47,7 +52,38 @@ def test_each_domain_task_scores_1_solved_by_its_oracle_and_0_left_alone(osworld
             return scores
 
     scores = run(main())
-    assert scores == {name: (0.0, 1.0, "success") for name in DOMAIN_TASKS}
+    assert scores == {name: (0.0, 1.0, "success") for name in FAST_PATH_TASKS}
+
+
+@pytest.mark.vm
+@pytest.mark.osworld_image
+@pytest.mark.osworld_eval
+@pytest.mark.parametrize("name", DOMAIN_TASKS)
+def test_osworlds_own_metric_in_the_sidecar_scores_each_domain_task_and_the_fast_path_agrees(name, osworld_vm_server):
+    """Through the env server with config `"evaluator": "osworld"`: the task left alone and
+    solved by its oracle, scored by OSWorld's DesktopEnv.evaluate in the server's sidecar,
+    and on the same VM state by envs/osworld/evaluation.py (the fast path) where it can (None:
+    the task's getter is OSWorld's alone). One case per task (each a few minutes under TCG),
+    all on the session's VM."""
+    envs, endpoint = osworld_vm_server
+
+    def fast_path(slot: int) -> float | None:
+        backend = envs.slots[slot].env
+        assert backend.sidecar.process is not None  # the server's score came from the sidecar
+        if evaluation.unsupported(backend.example):
+            return None
+        return backend._runner().evaluate(backend.example["evaluator"], (backend.history or [None])[-1])
+
+    async def main():
+        async with desktop_env(endpoint) as env:
+            task = spec("osworld", name, config={"evaluator": "osworld"})
+            await env.reset(task)
+            left = (await env.evaluate()).reward, fast_path(env.slot)
+            solved = await oracle_episode(env, task, max_steps=25)
+            return (*left, solved.reward, fast_path(env.slot), solved.status)
+
+    fast = name in FAST_PATH_TASKS
+    assert run(main()) == (0.0, 0.0 if fast else None, 1.0, 1.0 if fast else None, "success")
 
 
 @pytest.mark.vm

@@ -21,8 +21,8 @@ EXAMPLE = {"id": "x", "instruction": "", "config": [], "evaluator": {"func": "in
 READY = "import json, sys; print(json.dumps({'ready': True}), flush=True); "
 
 
-def _evaluate(sidecar: EvalSidecar) -> float:
-    return sidecar.evaluate(EXAMPLE, "http://127.0.0.1:9", "FAIL", "/tmp", (1280, 800))
+def _evaluate(sidecar: EvalSidecar, task_files) -> float:
+    return sidecar.evaluate(EXAMPLE, "http://127.0.0.1:9", "FAIL", task_files, (1280, 800))
 
 
 @pytest.mark.parametrize("program, why", [
@@ -34,7 +34,7 @@ def _evaluate(sidecar: EvalSidecar) -> float:
     (READY + "sys.stdin.readline(); print(json.dumps({'score': 'high'}), flush=True)", "not a number"),
     (READY + "sys.stdin.readline(); print(json.dumps({'error': 'no getter'}), flush=True)", "no getter"),
 ])
-def test_a_sidecar_that_hangs_dies_or_babbles_is_an_env_error_and_is_killed(program, why, monkeypatch):
+def test_a_sidecar_that_hangs_dies_or_babbles_is_an_env_error_and_is_killed(program, why, monkeypatch, tmp_path):
     hangs_at_start = not program.startswith(READY)
     sidecar = EvalSidecar(start_timeout_s=1.0 if hangs_at_start else 30.0, call_timeout_s=1.0,
                           command=[sys.executable, "-c", "import time; " + program])
@@ -44,24 +44,24 @@ def test_a_sidecar_that_hangs_dies_or_babbles_is_an_env_error_and_is_killed(prog
                         or started[-1])
     try:
         with pytest.raises(EnvError, match=why):
-            _evaluate(sidecar)
+            _evaluate(sidecar, tmp_path)
     finally:
         sidecar.close()
     started = [p for p in started if p.args[:2] == [sys.executable, "-c"]]  # not the reaper's watchdog
     assert len(started) == 1 and not alive(started[0].pid)
 
 
-def test_a_sidecar_answers_in_order_and_a_fresh_one_follows_a_dead_one():
+def test_a_sidecar_answers_in_order_and_a_fresh_one_follows_a_dead_one(tmp_path):
     program = READY + ("n = 0\nfor line in sys.stdin:\n    n += 1\n    n == 2 and sys.exit(1)\n"
                        "    print(json.dumps({'score': n / 10}), flush=True)")
     sidecar = EvalSidecar(start_timeout_s=30.0, call_timeout_s=30.0, command=[sys.executable, "-c", program])
     try:
-        assert _evaluate(sidecar) == 0.1
+        assert _evaluate(sidecar, tmp_path) == 0.1
         first = sidecar.process.pid
         with pytest.raises(EnvError, match="exited"):
-            _evaluate(sidecar)
+            _evaluate(sidecar, tmp_path)
         assert sidecar.process is None and not alive(first)
-        assert _evaluate(sidecar) == 0.1  # a fresh sidecar
+        assert _evaluate(sidecar, tmp_path) == 0.1  # a fresh sidecar
         assert sidecar.process.pid != first
     finally:
         sidecar.close()
@@ -69,7 +69,7 @@ def test_a_sidecar_answers_in_order_and_a_fresh_one_follows_a_dead_one():
 
 def test_no_sidecar_python_is_an_env_error_naming_the_setup_target(tmp_path):
     with pytest.raises(EnvError, match="make setup-osworld-eval"):
-        _evaluate(EvalSidecar(python=tmp_path / "missing" / "python"))
+        _evaluate(EvalSidecar(python=tmp_path / "missing" / "python"), tmp_path)
     with pytest.raises(TaskError, match="needs a plain id"):  # desktop-env makes a folder by that name
         EvalSidecar(python=tmp_path / "missing").evaluate({**EXAMPLE, "id": "../x"}, "", None, tmp_path, (1, 1))
 
@@ -91,8 +91,17 @@ def test_the_env_sends_what_its_subset_lacks_to_the_sidecar_and_a_dead_one_is_an
         env.reset(Task("osworld/x", "osworld", "x", config={"example": EXAMPLE}))
         env.step(Action(kind="call_user"))
         assert env.evaluate() == 1.0 and env.sidecar.process is None  # its own subset: no sidecar
+        env.reset(Task("osworld/x", "osworld", "x", config={"example": EXAMPLE, "evaluator": "osworld"}))
+        with pytest.raises(EnvError, match="No module named 'desktop_env'"):  # asked for OSWorld's own
+            env.evaluate()
+        with pytest.raises(TaskError, match="'auto' or 'osworld'"):
+            env.reset(Task("osworld/x", "osworld", "x", config={"example": EXAMPLE, "evaluator": "ours"}))
     finally:
         env.close()
+    plain = OSWorldEnv(OSWorldSlots(provider="remote", remote_urls=(fake_vm.url,)))
+    with pytest.raises(TaskError, match="needs the slots' eval_sidecar"):
+        plain.reset(Task("osworld/x", "osworld", "x", config={"example": EXAMPLE, "evaluator": "osworld"}))
+    plain.close()
 
 
 @pytest.mark.vm
@@ -118,7 +127,7 @@ def test_osworlds_evaluator_agrees_with_ours_on_every_bundled_task(vm_server):
                     backend = envs.slots[env.slot].env  # started by the first reset
                     last = backend.history[-1] if backend.history else None
                     theirs = await asyncio.to_thread(sidecar.evaluate, backend.example, backend.vm.url, last,
-                                                     backend.cache / "sidecar", (1280, 800))
+                                                     backend.cache, (1280, 800))
                     scores[name, solved] = ((await env.evaluate()).reward, theirs)
         finally:
             await c.aclose()
