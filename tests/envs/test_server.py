@@ -228,7 +228,7 @@ def test_a_clients_new_session_voids_its_earlier_sessions_leases_and_no_one_else
             await dead.reset(spec("synthetic", "form", 1))
         with pytest.raises(RemoteError, match="unavailable"):  # the other two leases still stand
             await new.acquire(wait_s=0.0)
-        for c in (new, other, anonymous):
+        for c in (old, new, other, anonymous):  # the dead life's release finds nothing to free
             await c.aclose()
         return waited, reward, kept.lost, plain.lost
 
