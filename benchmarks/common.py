@@ -41,6 +41,18 @@ def machine(device: bool = False) -> dict:
     return info | json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def commit() -> str:
+    """The checkout's commit (short), "+changes" where tracked files differ from it; "unknown"
+    outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip() + ("+changes" if dirty else "")
+
+
 def device_info() -> dict:
     """JAX's backend, its first device's kind, the device count and JAX's version, from this process."""
     import jax  # only where asked: it starts the backend

@@ -3,13 +3,16 @@
 
     .venv/bin/python -m benchmarks.experiments.curation [--config configs/curation.yaml] [--seed 0 1 2]
                                                     [--steps N] [--max-seconds S] [--sft-run RUN_DIR ...]
-                                                    [--batch-wait-s S] [--work DIR]
+                                                    [--batch-wait-s S] [--work DIR] [--records DIR]
 
 Per seed one SFT base (demos, SFT, evaluation; or `--sft-run`), then one RL run per row from it,
 everything but the pieces as the config says (curation_ablation.run_configs: the same runner,
 resume and budget). Rows: plain GRPO (every piece off: fixed rollouts and step cap, no pool, no
 selection, no TIS), plain GRPO + one piece (pool, dynamic rollouts, dynamic length, entropy
-selection, TIS), and full (all on). A row whose runs finished under `--work` is not run again.
+selection, TIS), and full (all on). A row whose runs finished under `--work` is not run again,
+and a seed whose record is in `--records` (benchmarks/results/curation, kept in the repository:
+seed_records) is read back, not run: a seed is about 1.5 h on a 2-core machine, so seeds are
+measured in separate sittings and pooled here.
 
 Held-out success is reported for two groups apart: held-out seeds of the train tasks, and the
 held-out tasks (names with no train seed). Each row's gain over plain GRPO is paired over the
@@ -30,13 +33,13 @@ sign, the token-level net push). The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sqlite3
 from pathlib import Path
 
 from benchmarks.common import machine
-from benchmarks.experiments.curation_ablation import ORDER, add_arguments, off, row, run_configs, setup
+from benchmarks.experiments import seed_records
+from benchmarks.experiments.curation_ablation import ORDER, Setup, add_arguments, off, row, run_configs, setup
 from dart_jax.config import load
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import Store
@@ -47,6 +50,7 @@ ROWS = (("plain GRPO", ()), ("+ pool", ("pool",)), ("+ dynamic rollouts", ("roll
         ("full", ORDER))  # (label, pieces of curation_ablation.ORDER on)
 TRAINER_TRACE = ("select/kept_frac", "tis/weight_pos", "tis/weight_neg", "push/net")
 TASK_TRACE = ("kept_frac", "tis/weight_pos", "tis/weight_neg")  # per task, from metrics/trainer_tasks.jsonl
+RECORDS = Path("benchmarks/results/curation")  # each finished seed's record, kept in the repository
 
 
 def overrides(cfg: RunConfig, on: tuple[str, ...]) -> list[str]:
@@ -182,31 +186,60 @@ def _gain(g, ci) -> str:
     return "-" if g is None else f"{g:+.3f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
 
 
+def measure_seed(args: argparse.Namespace, s: Setup, k: int, rows: list[tuple[str, list[str]]]) -> tuple[list, list[dict]]:
+    """Seed `args.seed[k]`'s runs (curation_ablation.run_configs: resumed from `--work`) as a
+    seed record's content: the SFT base's sampled episodes and per row its run facts, episodes,
+    per-task trace and the trainer's batch means."""
+    seed = args.seed[k]
+    done = run_configs(args.config, s.root, [seed], args.sft_run[k:k + 1], rows, "curation",
+                       s.overrides(args.batch_wait_s))
+    out = []
+    for i, (label, _) in enumerate(rows):
+        (d,) = done.dirs[i]
+        out.append({"label": label, "run": {"name": d.name, **done.runs[i][0]}, "outcomes": done.outcomes[i],
+                    "tasks": trace(d, load(RunConfig, d / "config.yaml")), "trainer": trainer_trace(d)})
+    return done.sft, out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(ap, "configs/curation.yaml", [0, 1, 2])
+    ap.add_argument("--records", type=Path, default=RECORDS, help="where each finished seed's record is kept "
+                    "and read back (seed_records): a seed recorded there is not run again")
     args = ap.parse_args()
     s = setup(ap, args, "bench_curation_")
     labels = [label for label, _ in ROWS]
-    done = run_configs(args.config, s.root, args.seed, args.sft_run,
-                       [(label, overrides(s.cfg, on)) for label, on in ROWS], "curation", s.overrides(args.batch_wait_s))
+    rows = [(label, overrides(s.cfg, on)) for label, on in ROWS]
+    setting = seed_records.settings(args.config, s.overrides(args.batch_wait_s), rows)
+    records = []
+    for k, seed in enumerate(args.seed):
+        path = args.records / f"seed{seed}.json"
+        try:
+            record = seed_records.read(path, "curation", seed, setting)
+            if record is None:
+                record = seed_records.write(path, "curation", seed, setting, *measure_seed(args, s, k, rows))
+        except seed_records.RecordError as e:
+            ap.error(str(e))
+        records.append(record)
+    sft = [o for r in records for o in r["sft"]]
+    outcomes = [[o for r in records for o in r["rows"][i]["outcomes"]] for i in range(len(rows))]
+    runs = [[{k: v for k, v in r["rows"][i]["run"].items() if k != "name"} for r in records] for i in range(len(rows))]
     trained, held_tasks = held_out_groups(s.cfg)
-    groups = {}
-    for group, names in (("held_out_seeds", trained), ("held_out_tasks", held_tasks)):
-        if names:
-            groups[group] = rows_of(labels, [split(o, names) for o in done.outcomes], done.runs, split(done.sft, names))
+    groups = {group: rows_of(labels, [split(o, names) for o in outcomes], runs, split(sft, names))
+              for group, names in (("held_out_seeds", trained), ("held_out_tasks", held_tasks)) if names}
+    summaries = []
+    s.root.mkdir(parents=True, exist_ok=True)
     with (s.root / "trace.jsonl").open("w") as f:
-        summaries = []
-        for label, dirs in zip(labels, done.dirs):
-            cfgs = [load(RunConfig, d / "config.yaml") for d in dirs]
-            tasks = [t | {"config": label, "run": d.name} for d, c in zip(dirs, cfgs) for t in trace(d, c)]
+        for i, label in enumerate(labels):
+            tasks = [t | {"config": label, "run": r["rows"][i]["run"]["name"]} for r in records for t in r["rows"][i]["tasks"]]
             f.writelines(json.dumps(t) + "\n" for t in tasks)
-            summaries.append(summarise(label, tasks, [trainer_trace(d) for d in dirs]))
-    for group, rows in groups.items():
-        print(table(rows, group.replace("_", " ")))
+            summaries.append(summarise(label, tasks, [r["rows"][i]["trainer"] for r in records]))
+    for group, table_rows in groups.items():
+        print(table(table_rows, group.replace("_", " ")))
     print(trace_table(summaries))
     print(json.dumps({"benchmark": "curation", "config": str(args.config), "rl_steps": s.steps,
                       "rl_max_seconds": s.budget, "seeds": args.seed, **groups, "trace": summaries,
+                      "records": {seed: {"commit": r["commit"], "written": r["written"]} for seed, r in zip(args.seed, records)},
                       "trace_file": str(s.root / "trace.jsonl"), "work": str(s.root), "machine": machine()}))
 
 

@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from benchmarks.common import machine, socket_overrides
+from benchmarks.common import commit, machine, socket_overrides
 from dart_jax.config import load
 from dart_jax.run.schema import RunConfig
 from dart_jax.observe.learning import lowest_after, success_curve
@@ -124,21 +123,11 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def report(rows: Sequence[Row], config: Path, extra: Sequence[str], root: Path, bar: Bar = Bar()) -> dict:
-    return {"benchmark": "learning_sweep", "config": str(config), "overrides": list(extra), "commit": _commit(),
+    return {"benchmark": "learning_sweep", "config": str(config), "overrides": list(extra), "commit": commit(),
             "bar": dataclasses.asdict(bar), "runs": [dataclasses.asdict(r) for r in rows],
             "passed": sum(r.meets_bar for r in rows), "collapsed": sum(r.collapsed for r in rows),
             "pass_rate": sum(r.meets_bar for r in rows) / len(rows) if rows else None,
             "work": str(root), "machine": machine()}
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip() + ("+changes" if dirty else "")
 
 
 def main() -> None:

@@ -53,15 +53,18 @@ def _outcome(task, i, win):
     return Outcome(task, "sampled", i, bool(win), float(win), 1, "success" if win else "failure")
 
 
-def _fake_runs(calls: list[str]):
-    """A stand-in for curation_ablation.one_run: a finished run directory, its episodes from
-    the name (SFT: t/a wins 0 of 2, t/b 1 of 2, h/c 0 of 2; every RL row: 2, 1 and 1)."""
+WINS = {"synthetic/a": ([0, 0], [1, 1]), "synthetic/b": ([1, 0], [1, 0]), "synthetic/c": ([0, 0], [1, 0])}
+
+
+def _fake_runs(calls: list[str], wins_of=WINS):
+    """A stand-in for curation_ablation.one_run: a finished run directory, its episodes on seed
+    10000 of each task of `wins_of` (task: (SFT's wins, every RL row's wins)); by default SFT:
+    t/a wins 0 of 2, t/b 1 of 2, h/c 0 of 2; every RL row: 2, 1 and 1."""
     def one_run(config, root, name, extra):
         calls.append(name)
         run = RunDir.create(root / name, config_yaml=dump(CFG))
         rl = not name.startswith("sft")
-        wins = {"synthetic/a/10000": [1, 1] if rl else [0, 0], "synthetic/b/10000": [1, 0],
-                "synthetic/c/10000": [1, 0] if rl else [0, 0]}
+        wins = {f"{task}/10000": ws[rl] for task, ws in wins_of.items()}
         eps = [_outcome(t, i, w) for t, ws in wins.items() for i, w in enumerate(ws)]
         (run.root / "eval").mkdir(exist_ok=True)
         (run.root / "eval" / ("rl.json" if rl else "sft.json")).write_text(json.dumps(report("x", root, eps)))
@@ -147,3 +150,46 @@ def test_the_trace_reads_each_tasks_rollouts_budget_cap_and_injections(tmp_path)
     assert s["per_task/tis/weight_pos"] == pytest.approx([1.05, 1.05])
     line = trace_table([s]).splitlines()[2]
     assert line.startswith("full") and "0.75-1.00 1.05-1.05 0.80-0.80" in line
+
+
+def _bench(monkeypatch, capsys, *argv) -> dict:
+    monkeypatch.setattr("sys.argv", ["curation", *argv])
+    curation.main()
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_a_recorded_seed_is_read_back_not_run_and_pools_with_new_ones(tmp_path, monkeypatch, capsys):
+    calls: list[str] = []
+    # held-out seeds of click-button and form, held-out tasks click-color and MiniWoB click-button
+    monkeypatch.setattr(curation_ablation, "one_run", _fake_runs(calls, {
+        "synthetic/click-button": ([0, 0], [1, 1]), "synthetic/form": ([1, 0], [1, 0]),
+        "synthetic/click-color": ([0, 0], [1, 0]), "miniwob/click-button": ([0, 1], [1, 1])}))
+    monkeypatch.setattr(curation, "trace", lambda d, cfg: [{"task": "synthetic/form/0", "rollouts": 8, "successes": 1,
+                                                            "truncated": 0, "injected": 1 if "-1-" in d.name else 0,
+                                                            "rollouts_given": 8, "step_cap": 8, "batches": 1,
+                                                            **dict.fromkeys(curation.TASK_TRACE)}])
+    records = tmp_path / "records"
+    first = _bench(monkeypatch, capsys, "--seed", "0", "--work", str(tmp_path / "a"), "--records", str(records))
+    assert calls == ["sft-seed0", *[f"curation-{i}-seed0" for i in range(len(ROWS))]]
+    assert (records / "seed0.json").is_file() and first["records"]["0"]["commit"]
+    calls.clear()
+    # a fresh machine: the runs of seed 0 are gone, its record is not
+    both = _bench(monkeypatch, capsys, "--seed", "0", "1", "--work", str(tmp_path / "b"), "--records", str(records))
+    assert calls == ["sft-seed1", *[f"curation-{i}-seed1" for i in range(len(ROWS))]]
+    seeds, tasks = both["held_out_seeds"], both["held_out_tasks"]
+    assert [r["n"] for r in seeds] == [8] * (len(ROWS) + 1) and [r["n"] for r in tasks] == [8] * (len(ROWS) + 1)
+    assert seeds[1]["success"] == 0.75 and seeds[0]["success"] == 0.25 and tasks[1]["success"] == 0.75
+    assert [r["seed"] for r in seeds[1]["runs"]] == [0, 1]
+    assert both["trace"][1]["config"] == "+ pool" and both["trace"][1]["injected"] == 1.0
+    trace_lines = (tmp_path / "b" / "trace.jsonl").read_text().splitlines()
+    assert {json.loads(t)["run"] for t in trace_lines} == {f"curation-{i}-seed{s}" for i in range(len(ROWS)) for s in (0, 1)}
+    calls.clear()
+    # another RL budget is another experiment: refused, nothing run
+    with pytest.raises(SystemExit) as e:
+        _bench(monkeypatch, capsys, "--seed", "0", "--batch-wait-s", "5", "--work", str(tmp_path / "c"),
+               "--records", str(records))
+    assert e.value.code == 2 and calls == [] and "budget differ" in capsys.readouterr().err
+    (records / "seed1.json").write_text("{")
+    with pytest.raises(SystemExit):
+        _bench(monkeypatch, capsys, "--seed", "1", "--work", str(tmp_path / "c"), "--records", str(records))
+    assert calls == [] and "not a readable seed record" in capsys.readouterr().err
