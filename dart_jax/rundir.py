@@ -56,12 +56,17 @@ class RunDir:
 
     def policy_dir(self, hf_dir: str = "") -> Path:
         """The run's policy: `hf_dir` (the config's policy.hf_dir), else the policy-init/ that
-        `dart-jax run` builds; a UsageError when it holds no checkpoint."""
+        `dart-jax run` builds; a UsageError (exit 2, never retried) when it holds no checkpoint
+        or this user cannot read it."""
         path = Path(hf_dir) if hf_dir else self.root / "policy-init"
-        if not (path / "config.json").is_file():
+        try:
+            with (path / "config.json").open("rb"):
+                return path
+        except (FileNotFoundError, NotADirectoryError):
             raise UsageError(f"no policy at {path} (no config.json): set policy.hf_dir or start "
-                                    "the run with `dart-jax run`")
-        return path
+                             "the run with `dart-jax run`") from None
+        except OSError as e:  # another host's home, a 0700 share: a config error, not a crash to retry
+            raise UsageError(f"the policy at {path} cannot be read by uid {os.geteuid()}: {e.strerror}") from None
 
     def log_path(self, role: str) -> Path:
         return self.root / "logs" / f"{role}.log"

@@ -103,8 +103,8 @@ CPU_KV_CACHE_MB = 256
 def policy_hf_config(*candidates: str) -> dict | None:
     """The first readable config.json among directories or files `candidates` ("" skipped)."""
     for c in filter(None, candidates):
-        path = Path(c) / "config.json" if Path(c).is_dir() else Path(c)
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):  # is_dir too raises where this user may not look
+            path = Path(c) / "config.json" if Path(c).is_dir() else Path(c)
             return json.loads(path.read_text())
     return None
 

@@ -43,3 +43,29 @@ def _exit_code(argv: list[str]) -> int:
         return cli.main(argv)
     except SystemExit as e:
         return e.code
+
+
+
+def test_a_policy_this_user_cannot_read_is_a_config_error_not_a_crash(tmp_path):
+    """A slice host given a path into the head's 0700 home (docs/cluster.md, finding 4): exit 2,
+    which the supervisor never submits again, not exit 1 retried max_restarts times. The
+    command runs without the capabilities that let root read what is not its own."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to make a directory this process cannot read")
+    home = tmp_path / "home"
+    (home / "policy").mkdir(parents=True)
+    (home / "policy" / "config.json").write_text("{}")
+    for p in (home, home / "policy", home / "policy" / "config.json"):
+        os.chown(p, 65534, 65534)  # nobody's
+    home.chmod(0o700)
+    out = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m",
+                          "dart_jax.cli", "train", LOCAL, f"run.root={tmp_path}", "run.name=r",
+                          f"policy.hf_dir={home}/policy"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    err = [line for line in out.stderr.splitlines() if " INFO " not in line]
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert len(err) == 1 and "cannot be read by uid 0" in err[0] and "Permission denied" in err[0], err

@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 from dart_jax.config.loader import ConfigError
@@ -90,11 +91,11 @@ class Plan:
 def model_config(cfg, source: str):
     """(Qwen25VLConfig, the config.json it came from): the policy's, else plan.model_config."""
     hf = Path(cfg.policy.hf_dir) / "config.json" if cfg.policy.hf_dir else None
-    if hf is not None and hf.is_file():
+    if hf is not None and _is(hf.is_file, source, "policy.hf_dir"):
         path = hf
     elif cfg.plan.model_config:
         path = Path(cfg.plan.model_config)
-        path = path / "config.json" if path.is_dir() else path
+        path = path / "config.json" if _is(path.is_dir, source, "plan.model_config") else path
     else:
         raise ConfigError(source, "plan.model_config", f"empty, and policy.hf_dir {cfg.policy.hf_dir!r} has no "
                           "config.json here: name a config.json (configs/models/*.config.json)")
@@ -102,6 +103,15 @@ def model_config(cfg, source: str):
         return Qwen25VLConfig.from_hf(json.loads(path.read_text())), str(path)
     except (OSError, ValueError) as e:
         raise ConfigError(source, "plan.model_config", f"cannot read {path}: {e}") from None
+
+
+def _is(test, source: str, key: str) -> bool:
+    """`test()` (Path.is_file, is_dir), a ConfigError on `key` where it raises: this user may
+    not look there (another user's 0700 home), which is a config to fix, not a crash to retry."""
+    try:
+        return test()
+    except OSError as e:
+        raise ConfigError(source, key, f"cannot be read by uid {os.geteuid()}: {e.filename}: {e.strerror}") from None
 
 
 def chip_of(cfg, source: str) -> tuple[Chip, int | None]:
