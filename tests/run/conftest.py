@@ -11,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from dart_jax.wire import process_groups
 from tests.net import free_port
 
 
@@ -30,7 +31,7 @@ def _ray_start(tmp: Path, name: str, args: list[str]) -> subprocess.Popen:
     deadline = time.monotonic() + 180
     while "This command will now block" not in (tmp / f"{name}.log").read_text():
         if node.poll() is not None or time.monotonic() > deadline:
-            os.killpg(node.pid, signal.SIGKILL)
+            process_groups.kill(node)
             pytest.fail(f"ray start failed: {(tmp / f'{name}.log').read_text()[-3000:]}")
         time.sleep(0.5)
     return node
@@ -41,10 +42,7 @@ def _ray_stop(node: subprocess.Popen) -> None:
     try:
         node.wait(120)
     finally:
-        try:
-            os.killpg(node.pid, signal.SIGKILL)  # whatever it left behind
-        except ProcessLookupError:
-            pass
+        process_groups.signal_group(node.pid, signal.SIGKILL)  # whatever it left behind
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ on disk.
 """
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -26,7 +25,7 @@ import psutil
 import pytest
 
 from dart_jax.run.launchers.shm_ledger import mapped_segments
-from dart_jax.wire.process_groups import group_pids
+from dart_jax.wire.process_groups import group_pids, signal_group
 from tests.stores import content_duplicates, stored_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -73,7 +72,7 @@ def _kill_when(run: Path, proc, version: int, roles: tuple[str, ...], held: set[
     for pid in pids:
         held |= mapped_segments(group_pids(pid))
     for pid in pids:
-        os.killpg(pid, signal.SIGKILL)  # the role and its children (a worker's engine)
+        signal_group(pid, signal.SIGKILL)  # the role and its children (a worker's engine)
     return max(json.loads(line)["step"] for line in (run / "metrics" / "trainer.jsonl").read_text().splitlines())
 
 

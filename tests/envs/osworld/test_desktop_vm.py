@@ -3,13 +3,13 @@ oracle episodes on every bundled task, snapshot resets, a VM killed mid-episode,
 actions; and, without a VM, the setup/evaluator subset and the observation text."""
 
 import asyncio
-import os
 import random
 import signal
 import subprocess
 
 import pytest
 
+from dart_jax.wire import process_groups
 from envs import actions, oracle
 from envs.osworld import evaluation, image
 from envs.osworld.env import VMClient, accessibility_lines, bundled_tasks, window_lines
@@ -117,7 +117,7 @@ def test_a_vm_killed_or_hung_mid_episode_is_replaced(vm_server, fault):
             machine = envs.slots[env.slot].env.machine
             old = machine.process.pid
             if fault == "killed":
-                os.killpg(old, signal.SIGKILL)
+                process_groups.signal_group(old, signal.SIGKILL)
             else:
                 await asyncio.to_thread(machine.hmp, "stop")  # the guest halts: its server stops answering
             reply = await env.step("Action: type(content='ls\\n')")

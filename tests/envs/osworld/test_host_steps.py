@@ -6,13 +6,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 
 import pytest
 
+from dart_jax.wire import process_groups
 from envs.config import OSWorldSlots
 from envs.osworld import cdp
 from envs.osworld.evaluation import Runner
@@ -36,8 +36,7 @@ def chromium(tmp_path):
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        process_groups.kill(proc)
 
 
 def _page(tmp_path, name):

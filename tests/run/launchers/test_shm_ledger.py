@@ -1,7 +1,6 @@
 """A SIGKILLed process group leaves no shared memory behind that it alone held: the way a
 killed rollout worker's vLLM engine would leave its ring buffers in /dev/shm for good."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dart_jax.run.launchers.shm_ledger import SegmentLedger, kill_and_release, mapped_segments
-from dart_jax.wire.process_groups import group_pids
+from dart_jax.wire.process_groups import group_pids, signal_group
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir() or not Path("/proc").is_dir(), reason="Linux only")
 
@@ -70,7 +69,7 @@ def test_a_group_killed_from_outside_is_cleaned_after_from_what_was_noted():
     proc, name = start_group()
     ledger = SegmentLedger(proc.pid, every_s=0.0)
     ledger.note()  # as the supervisor's rounds do while the role runs
-    os.killpg(proc.pid, signal.SIGKILL)  # `kill -9 -PGID`, not through the launcher
+    signal_group(proc.pid, signal.SIGKILL)  # `kill -9 -PGID`, not through the launcher
     proc.wait()
     assert Path(f"/dev/shm/{name}").exists()  # what a plain kill leaves
     assert ledger.kill() == [f"/dev/shm/{name}"]
