@@ -24,8 +24,12 @@ want=$(cat scripts/setup.sh requirements/*.txt pyproject.toml | sha256sum | cut 
 # chromium for MiniWoB++; sudo, mount.nfs (nfs-common), ip (iproute2), unshare and runuser
 # (util-linux) for the pod rehearsal's namespaced hosts (tests/run/launchers/test_pod_rehearsal.py)
 APT_PACKAGES="chromium chromium-driver sudo nfs-common iproute2 util-linux"
-need_apt() { [ -z "${DART_SKIP_APT:-}" ] && ! { for c in chromium chromedriver sudo mount.nfs ip unshare runuser; do
-  command -v $c || return 1; done; } >/dev/null; }
+APT_COMMANDS="chromium chromedriver sudo mount.nfs ip unshare runuser"
+need_apt() {  # true when a command of APT_COMMANDS is missing (and DART_SKIP_APT is not set)
+  [ -z "${DART_SKIP_APT:-}" ] || return 1
+  local c; for c in $APT_COMMANDS; do command -v "$c" >/dev/null || return 0; done
+  return 1
+}
 
 install_apt() {
   local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
