@@ -55,19 +55,33 @@ def _missing(marker: str) -> str | None:
         return "needs chromium and chromedriver (make setup installs them)"
     if marker == "images" and os.geteuid() != 0:
         return "needs root: the images' base is made with mmdebstrap (make images)"
+    if marker == "hosts" and os.geteuid() != 0:
+        return "needs root: hosts are network namespaces and users (ip netns, useradd)"
+    if marker == "hosts" and not all(map(shutil.which, HOST_COMMANDS)):
+        return "needs sudo, nfs-common, iproute2, util-linux (make setup installs them)"
     return None
+
+
+HOST_COMMANDS = ("sudo", "mount.nfs", "ip", "unshare", "runuser")
+# What `make test` installs itself (scripts/setup.sh): under it (DART_MAKE_TEST=1, set by
+# scripts/test.sh) a test that would skip for want of one is a setup bug, and the run stops.
+INSTALLED_BY_MAKE_TEST = ("vllm", "browser", "hosts")
 
 
 def pytest_collection_modifyitems(config, items):
     cache: dict[str, str | None] = {}
     for item in items:
-        for marker in ("gpu", "tpu", "osworld", "vllm", "browser", "images"):
+        for marker in ("gpu", "tpu", "osworld", "vllm", "browser", "images", "hosts"):
             if item.get_closest_marker(marker) is None:
                 continue
             if marker not in cache:
                 cache[marker] = _missing(marker)
-            if cache[marker]:
-                item.add_marker(pytest.mark.skip(reason=cache[marker]))
+            reason = cache[marker]
+            if reason and os.environ.get("DART_MAKE_TEST") and marker in INSTALLED_BY_MAKE_TEST \
+                    and "make setup installs" in reason:
+                raise pytest.UsageError(f"{item.nodeid} {reason}, but `make test` ran setup: a setup bug")
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 _SEED = pytest.StashKey[int]()

@@ -50,9 +50,7 @@ from dart_jax.run.supervisor import instance_configs
 from tests.hosts import Hosts
 from tests.run.launchers import gcloud_netns
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.skipif(
-    os.geteuid() != 0 or not all(map(shutil.which, ("sudo", "mount.nfs", "ip", "unshare", "runuser"))),
-    reason="the rehearsal needs root (ip netns, useradd) and sudo, nfs-common, iproute2, util-linux")]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.hosts]
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = "configs/tpu/v5p-64.yaml"
 WORKERS, STEPS = ["slice0", "slice1"], 4
