@@ -36,6 +36,7 @@ import itertools
 import json
 import logging
 import os
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -228,7 +229,7 @@ class Engine:
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
-        endpoint = f"ipc:///tmp/dart-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        endpoint = f"ipc://{tempfile.gettempdir()}/dart-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         sock.bind(endpoint)
         try:
             await self.llm.collective_rpc(BEGIN, args=(

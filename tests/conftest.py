@@ -9,6 +9,7 @@ Randomized tests take the `seed` fixture: `--seed N`, else $DART_TEST_SEED, else
 one. It is printed in the header and in the report of every failing test that used it,
 so `pytest --seed N` replays a failure exactly.
 
+vLLM's ipc sockets (VLLM_RPC_BASE_PATH) go to a directory of the session's, removed at the end.
 JAX's persistent compilation cache is on for the session, in a directory of its own removed at
 the end (unless $JAX_COMPILATION_CACHE_DIR names one): the suite builds the same tiny trainer
 in many tests and restarts trainers in subprocesses, which inherit it, so a program compiles
@@ -27,6 +28,10 @@ _SESSION_XLA_CACHE = None if "JAX_COMPILATION_CACHE_DIR" in os.environ else temp
 if _SESSION_XLA_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _SESSION_XLA_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# vLLM's ipc sockets of the engines this session starts in-process (their names are fresh
+# uuids, left in /tmp when an engine is not shut down cleanly), removed at the end
+_SESSION_VLLM_RPC = tempfile.mkdtemp(prefix="dart-jax-vllm-rpc-")
+os.environ["VLLM_RPC_BASE_PATH"] = _SESSION_VLLM_RPC
 
 import pytest  # noqa: E402
 
@@ -102,6 +107,7 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _SESSION_XLA_CACHE:
         shutil.rmtree(_SESSION_XLA_CACHE, ignore_errors=True)
+    shutil.rmtree(_SESSION_VLLM_RPC, ignore_errors=True)
 
 
 def pytest_report_header(config):

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Protocol
 
@@ -49,11 +51,18 @@ class Process(Protocol):
 
 
 class LocalProcess:
+    """One instance in its own session, with a temporary directory of its own (TMPDIR, and
+    vLLM's ipc sockets: VLLM_RPC_BASE_PATH) removed once its group is gone: what Chromium,
+    vLLM, QEMU and Python put there would otherwise stay behind after every kill (a test suite
+    left 77 sockets, 3 vllm_dist_* files and Chromium's scoped directories in /tmp)."""
+
     def __init__(self, instance: Instance):
         instance.log.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"dart-jax-{instance.name}-"))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(self.tmp), "VLLM_RPC_BASE_PATH": str(self.tmp),
+               **instance.env}
         with open(instance.log, "ab") as out:
-            self.proc = process_groups.spawn(instance.argv(), stdout=out, stderr=subprocess.STDOUT,
-                                             env={**os.environ, "PYTHONUNBUFFERED": "1", **instance.env})
+            self.proc = process_groups.spawn(instance.argv(), stdout=out, stderr=subprocess.STDOUT, env=env)
         self.pid = self.proc.pid
         self.segments = SegmentLedger(self.pid)
 
@@ -69,11 +78,18 @@ class LocalProcess:
         """SIGTERM the instance's process group; SIGKILL what is left after `grace_s`."""
         process_groups.stop(self.proc, grace_s, kill_group=self.segments.kill)
         self.segments.kill()  # children that outlived their parent, and what the group left in /dev/shm
+        self._remove_tmp()
         return self.proc.returncode
 
     def kill(self) -> None:
         self.segments.kill()
         self.proc.wait()
+        self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        """The instance's temporary directory, once no process of its group is left to use it."""
+        if not process_groups.group_pids(self.pid):
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class LocalLauncher:
