@@ -11,7 +11,7 @@ resume and budget). Rows: plain GRPO (every piece off: fixed rollouts and step c
 selection, no TIS), plain GRPO + one piece (pool, dynamic rollouts, dynamic length, entropy
 selection, TIS), and full (all on). A row whose runs finished under `--work` is not run again,
 and a seed whose record is in `--records` (benchmarks/results/curation, kept in the repository:
-seed_records) is read back, not run: a seed is about 1.5 h on a 2-core machine, so seeds are
+records.py) is read back, not run: a seed is about 1.5 h on a 2-core machine, so seeds are
 measured in separate sittings and pooled here.
 
 Held-out success is reported for two groups apart: held-out seeds of the train tasks, and the
@@ -33,16 +33,18 @@ sign, the token-level net push). The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
 
 from benchmarks.common import machine
-from benchmarks.experiments import seed_records
+from benchmarks.experiments import records
 from benchmarks.experiments.curation_ablation import ORDER, Setup, add_arguments, off, row, run_configs, setup
 from dart_jax.config import load
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import Store
+from dart_jax.eval.stats import Outcome
 from dart_jax.run.schema import RunConfig
 
 ROWS = (("plain GRPO", ()), ("+ pool", ("pool",)), ("+ dynamic rollouts", ("rollouts",)),
@@ -132,10 +134,10 @@ def task_trainer_trace(run_dir: Path) -> dict[str, dict]:
 def trainer_trace(run_dir: Path) -> dict[str, float | None]:
     """Batch means of TRAINER_TRACE over the run's trainer log (None: never logged)."""
     path = run_dir / "metrics" / "trainer.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    logged = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     out = {}
     for key in TRAINER_TRACE:
-        xs = [r[key] for r in records if key in r]
+        xs = [r[key] for r in logged if key in r]
         out[key] = sum(xs) / len(xs) if xs else None
     return out
 
@@ -186,9 +188,9 @@ def _gain(g, ci) -> str:
     return "-" if g is None else f"{g:+.3f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
 
 
-def measure_seed(args: argparse.Namespace, s: Setup, k: int, rows: list[tuple[str, list[str]]]) -> tuple[list, list[dict]]:
-    """Seed `args.seed[k]`'s runs (curation_ablation.run_configs: resumed from `--work`) as a
-    seed record's content: the SFT base's sampled episodes and per row its run facts, episodes,
+def measure_seed(args: argparse.Namespace, s: Setup, k: int, rows: list[tuple[str, list[str]]]) -> dict:
+    """Seed `args.seed[k]`'s runs (curation_ablation.run_configs: resumed from `--work`) as its
+    record's body: the SFT base's sampled episodes and per row its run facts, episodes,
     per-task trace and the trainer's batch means."""
     seed = args.seed[k]
     done = run_configs(args.config, s.root, [seed], args.sft_run[k:k + 1], rows, "curation",
@@ -196,34 +198,44 @@ def measure_seed(args: argparse.Namespace, s: Setup, k: int, rows: list[tuple[st
     out = []
     for i, (label, _) in enumerate(rows):
         (d,) = done.dirs[i]
-        out.append({"label": label, "run": {"name": d.name, **done.runs[i][0]}, "outcomes": done.outcomes[i],
+        out.append({"label": label, "run": {"name": d.name, **done.runs[i][0]},
+                    "outcomes": [episode_json(o) for o in done.outcomes[i]],
                     "tasks": trace(d, load(RunConfig, d / "config.yaml")), "trainer": trainer_trace(d)})
-    return done.sft, out
+    return {"sft": [episode_json(o) for o in done.sft], "rows": out}
+
+
+def episode_json(o: Outcome) -> dict:
+    """An episode as a record keeps it: without the policy's text (the tables never read it)."""
+    return dataclasses.asdict(dataclasses.replace(o, actions=()))
+
+
+def episodes(record: list[dict]) -> list[Outcome]:
+    return [Outcome(**{**e, "actions": ()}) for e in record]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(ap, "configs/curation.yaml", [0, 1, 2])
     ap.add_argument("--records", type=Path, default=RECORDS, help="where each finished seed's record is kept "
-                    "and read back (seed_records): a seed recorded there is not run again")
+                    "and read back (benchmarks/experiments/records.py): a seed recorded there is not run again")
     args = ap.parse_args()
     s = setup(ap, args, "bench_curation_")
     labels = [label for label, _ in ROWS]
     rows = [(label, overrides(s.cfg, on)) for label, on in ROWS]
-    setting = seed_records.settings(args.config, s.overrides(args.batch_wait_s), rows)
-    records = []
+    setting = records.settings(args.config, s.overrides(args.batch_wait_s), rows=[[lb, o] for lb, o in rows])
+    seeds = []
     for k, seed in enumerate(args.seed):
-        path = args.records / f"seed{seed}.json"
+        path, ident = args.records / f"seed{seed}.json", {"seed": seed}
         try:
-            record = seed_records.read(path, "curation", seed, setting)
-            if record is None:
-                record = seed_records.write(path, "curation", seed, setting, *measure_seed(args, s, k, rows))
-        except seed_records.RecordError as e:
+            body = (records.read(path, "curation", ident, setting)
+                    or records.write(path, "curation", ident, setting, measure_seed(args, s, k, rows)))
+        except records.RecordError as e:
             ap.error(str(e))
-        records.append(record)
-    sft = [o for r in records for o in r["sft"]]
-    outcomes = [[o for r in records for o in r["rows"][i]["outcomes"]] for i in range(len(rows))]
-    runs = [[{k: v for k, v in r["rows"][i]["run"].items() if k != "name"} for r in records] for i in range(len(rows))]
+        seeds.append(body | {"sft": episodes(body["sft"]),
+                             "rows": [r | {"outcomes": episodes(r["outcomes"])} for r in body["rows"]]})
+    sft = [o for r in seeds for o in r["sft"]]
+    outcomes = [[o for r in seeds for o in r["rows"][i]["outcomes"]] for i in range(len(rows))]
+    runs = [[{k: v for k, v in r["rows"][i]["run"].items() if k != "name"} for r in seeds] for i in range(len(rows))]
     trained, held_tasks = held_out_groups(s.cfg)
     groups = {group: rows_of(labels, [split(o, names) for o in outcomes], runs, split(sft, names))
               for group, names in (("held_out_seeds", trained), ("held_out_tasks", held_tasks)) if names}
@@ -231,15 +243,15 @@ def main() -> None:
     s.root.mkdir(parents=True, exist_ok=True)
     with (s.root / "trace.jsonl").open("w") as f:
         for i, label in enumerate(labels):
-            tasks = [t | {"config": label, "run": r["rows"][i]["run"]["name"]} for r in records for t in r["rows"][i]["tasks"]]
+            tasks = [t | {"config": label, "run": r["rows"][i]["run"]["name"]} for r in seeds for t in r["rows"][i]["tasks"]]
             f.writelines(json.dumps(t) + "\n" for t in tasks)
-            summaries.append(summarise(label, tasks, [r["rows"][i]["trainer"] for r in records]))
+            summaries.append(summarise(label, tasks, [r["rows"][i]["trainer"] for r in seeds]))
     for group, table_rows in groups.items():
         print(table(table_rows, group.replace("_", " ")))
     print(trace_table(summaries))
     print(json.dumps({"benchmark": "curation", "config": str(args.config), "rl_steps": s.steps,
                       "rl_max_seconds": s.budget, "seeds": args.seed, **groups, "trace": summaries,
-                      "records": {seed: {"commit": r["commit"], "written": r["written"]} for seed, r in zip(args.seed, records)},
+                      "records": {seed: {"commit": r["commit"], "written": r["written"]} for seed, r in zip(args.seed, seeds)},
                       "trace_file": str(s.root / "trace.jsonl"), "work": str(s.root), "machine": machine()}))
 
 

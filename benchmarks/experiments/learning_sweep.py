@@ -3,6 +3,7 @@
 
     .venv/bin/python -m benchmarks.experiments.learning_sweep [--runs N] [--seed S | --first-seed S]
                                                   [--config configs/local.yaml] [--work DIR] [--set KEY=VALUE ...]
+                                                  [--records DIR | --no-records]
 
 Run i has run.seed = i (seeds 0..N-1), or first-seed + i (`--first-seed S`: fresh seeds), or
 `--seed S` for N repeats of one seed (an asynchronous run is not deterministic: a repeat is
@@ -12,7 +13,10 @@ and its paired 95% interval (clustered by held-out task), the lowest training-ro
 train rollouts, dart_jax/observe/learning.py) after it first reached the SFT policy's
 held-out success, whether training collapsed by the run's rule (`rl_collapsed`: a window fell
 35% below its best, or the last two versions' rollouts below half of it; observe/learning.py)
-and at which policy version, and the wall time; then the pass rate and a JSON line.
+and at which policy version, and the wall time; then the pass rate and a JSON line. Each
+finished run leaves a record in `--records` (benchmarks/results/learning_sweep, kept in the
+repository: records.py), and a run recorded there under the same config text, overrides and bar
+is read back, not run: the runs of a sweep can be measured over several sittings.
 
 The bar (issues 30, 42): heldout_gain >= 0.20, the interval's low end > 0, SFT success within
 0.05..0.70, no collapse, and the run under 20 minutes.
@@ -30,11 +34,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from benchmarks.common import commit, machine, socket_overrides
+from benchmarks.experiments import records
 from dart_jax.config import load
 from dart_jax.run.schema import RunConfig
 from dart_jax.observe.learning import lowest_after, success_curve
 from dart_jax.observe.records import RunReader
 from dart_jax.run.main import run, stop_on_sigterm
+
+
+RECORDS = Path("benchmarks/results/learning_sweep")  # each finished run's record, kept in the repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +102,26 @@ Runner = Callable[[Path, Path, str, int, Sequence[str]], tuple[dict, float]]
 
 
 def sweep(config: Path, root: Path, run_seeds: Sequence[int], extra: Sequence[str], runner: Runner = one_run,
-          db_path: str = "data/store.sqlite", bar: Bar = Bar()) -> list[Row]:
-    """Every run in turn, one JSON line each as it ends."""
+          db_path: str = "data/store.sqlite", bar: Bar = Bar(), kept: Path | None = None) -> list[Row]:
+    """Every run in turn, one JSON line each as it ends. With `kept` (a folder), each finished
+    run leaves a record there (records.py) and a run recorded under the same settings is read
+    back instead of run: a sweep of 6 runs is about 75 min, measured over several sittings."""
+    setting = records.settings(config, list(extra), bar=dataclasses.asdict(bar))
     rows = []
     for i, seed in enumerate(run_seeds):
         name = f"sweep-{i}-seed{seed}"
-        print(f"run {i + 1} of {len(run_seeds)}: {name} under {root}", file=sys.stderr, flush=True)
-        summary, wall_s = runner(config, root, name, seed, extra)
-        r = row(name, seed, summary, low_after_sft(root / name, db_path, summary["heldout_success_sft"]), wall_s, bar)
+        ident, path = {"run": name, "seed": seed}, kept / f"{name}.json" if kept else None
+        body = records.read(path, "learning_sweep", ident, setting) if path else None
+        if body is None:
+            print(f"run {i + 1} of {len(run_seeds)}: {name} under {root}", file=sys.stderr, flush=True)
+            summary, wall_s = runner(config, root, name, seed, extra)
+            r = row(name, seed, summary, low_after_sft(root / name, db_path, summary["heldout_success_sft"]), wall_s, bar)
+            if path:
+                records.write(path, "learning_sweep", ident, setting, {"row": dataclasses.asdict(r)})
+        else:
+            r = Row(**body["row"] | {"gain_ci95": tuple(body["row"]["gain_ci95"])})
+            print(f"run {i + 1} of {len(run_seeds)}: {name} recorded at {body['commit']} ({body['written']})",
+                  file=sys.stderr, flush=True)
         print(json.dumps({"sweep_run": dataclasses.asdict(r)}), flush=True)
         rows.append(r)
     return rows
@@ -138,13 +158,20 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=Path("configs/local.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--records", type=Path, default=RECORDS, help="where each finished run's record is kept and "
+                    "read back (benchmarks/experiments/records.py): a run recorded there is not run again")
+    ap.add_argument("--no-records", action="store_true", help="run every run, record none")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     stop_on_sigterm()  # killed, its runs' roles go with it
     root = Path(args.work or tempfile.mkdtemp(prefix="bench_sweep_")).resolve()
     db_path = load(RunConfig, args.config, args.set).data.store.db_path
-    rows = sweep(args.config, root, seeds(args.runs, args.seed, args.first_seed), args.set, db_path=db_path)
+    kept = None if args.no_records else args.records
+    try:
+        rows = sweep(args.config, root, seeds(args.runs, args.seed, args.first_seed), args.set, db_path=db_path, kept=kept)
+    except records.RecordError as e:
+        ap.error(str(e))
     print(table(rows))
     print(json.dumps(report(rows, args.config, args.set, root)))
 

@@ -192,4 +192,4 @@ def test_a_recorded_seed_is_read_back_not_run_and_pools_with_new_ones(tmp_path, 
     (records / "seed1.json").write_text("{")
     with pytest.raises(SystemExit):
         _bench(monkeypatch, capsys, "--seed", "1", "--work", str(tmp_path / "c"), "--records", str(records))
-    assert calls == [] and "not a readable seed record" in capsys.readouterr().err
+    assert calls == [] and "not a readable record" in capsys.readouterr().err

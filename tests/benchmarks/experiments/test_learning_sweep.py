@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.experiments import records
 from benchmarks.experiments.learning_sweep import Bar, Row, report, row, seeds, sweep, table
 from dart_jax.run.schema import RunConfig
 from dart_jax.data.config import StoreConfig
@@ -96,3 +97,25 @@ def test_a_run_that_never_reaches_its_sft_level_has_no_low_point():
     r = Row("r", 0, 0.5, 0.4, -0.1, (-0.2, 0.0), None, False, None, 10, 100.0, False)
     assert "never" in table([r]).splitlines()[2]
     assert Bar().max_wall_s == 1200
+
+
+def test_a_recorded_run_is_read_back_not_run_and_another_bar_is_refused(tmp_path, capsys):
+    ran: list[str] = []
+
+    def runner(config, root, name, seed, extra):
+        ran.append(name)
+        return _fake_run([i % 2 == 0 for i in range(256)], 0.45, 0.30)(config, root, name, seed, extra)
+
+    kept, config = tmp_path / "records", Path("configs/local.yaml")
+    first = sweep(config, tmp_path / "a", [6], [], runner=runner, db_path=StoreConfig.db_path, kept=kept)
+    assert ran == ["sweep-0-seed6"] and (kept / "sweep-0-seed6.json").is_file()
+    # another sitting, a fresh machine: run 0 is read back, run 1 runs
+    both = sweep(config, tmp_path / "b", [6, 7], [], runner=runner, db_path=StoreConfig.db_path, kept=kept)
+    assert ran == ["sweep-0-seed6", "sweep-1-seed7"] and both[0] == first[0]
+    assert not (tmp_path / "b" / "sweep-0-seed6").exists()
+    with pytest.raises(records.RecordError, match="bar differ"):
+        sweep(config, tmp_path / "c", [6], [], runner=runner, db_path=StoreConfig.db_path, kept=kept,
+              bar=Bar(min_gain=0.3))
+    with pytest.raises(records.RecordError, match="budget differ"):
+        sweep(config, tmp_path / "c", [6], ["trainer.steps=3"], runner=runner, db_path=StoreConfig.db_path, kept=kept)
+    assert len(ran) == 2
