@@ -11,7 +11,7 @@ resume and budget). Rows: plain GRPO (every piece off: fixed rollouts and step c
 selection, no TIS), plain GRPO + one piece (pool, dynamic rollouts, dynamic length, entropy
 selection, TIS), and full (all on). A row whose runs finished under `--work` is not run again,
 and a seed whose record is in `--records` (benchmarks/results/curation, kept in the repository:
-records.py) is read back, not run: a seed is about 1.5 h on a 2-core machine, so seeds are
+records.py) is read back, not run: a seed is about 2 h on a 2-core machine, so seeds are
 measured in separate sittings and pooled here.
 
 Held-out success is reported for two groups apart: held-out seeds of the train tasks, and the

@@ -1,5 +1,5 @@
 """Records of benchmark runs that outlive their machine. One seed of the curation benchmark is
-about 1.5 h on a 2-core machine, one learning-sweep run about 12 min: a benchmark of several is
+about 2 h on a 2-core machine, one learning-sweep run about 12 min: a benchmark of several is
 measured in separate sittings, often on fresh machines where the run directories of the last
 sitting are gone. When a unit (a seed, a run) finishes, its record (what the tables need, not
 the run directory) is written into a folder kept in the repository; a later invocation with the
