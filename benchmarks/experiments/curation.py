@@ -44,7 +44,7 @@ from benchmarks.experiments.curation_ablation import ORDER, Setup, add_arguments
 from dart_jax.config import load
 from dart_jax.data.scheduler import Scheduler
 from dart_jax.data.store import Store
-from dart_jax.eval.stats import Outcome
+from dart_jax.eval.stats import Outcome, outcome_of
 from dart_jax.run.schema import RunConfig
 
 ROWS = (("plain GRPO", ()), ("+ pool", ("pool",)), ("+ dynamic rollouts", ("rollouts",)),
@@ -209,8 +209,6 @@ def episode_json(o: Outcome) -> dict:
     return dataclasses.asdict(dataclasses.replace(o, actions=()))
 
 
-def episodes(record: list[dict]) -> list[Outcome]:
-    return [Outcome(**{**e, "actions": ()}) for e in record]
 
 
 def main() -> None:
@@ -231,8 +229,8 @@ def main() -> None:
                     or records.write(path, "curation", ident, setting, measure_seed(args, s, k, rows)))
         except records.RecordError as e:
             ap.error(str(e))
-        seeds.append(body | {"sft": episodes(body["sft"]),
-                             "rows": [r | {"outcomes": episodes(r["outcomes"])} for r in body["rows"]]})
+        seeds.append(body | {"sft": [outcome_of(e) for e in body["sft"]],
+                             "rows": [r | {"outcomes": [outcome_of(e) for e in r["outcomes"]]} for r in body["rows"]]})
     sft = [o for r in seeds for o in r["sft"]]
     outcomes = [[o for r in seeds for o in r["rows"][i]["outcomes"]] for i in range(len(rows))]
     runs = [[{k: v for k, v in r["rows"][i]["run"].items() if k != "name"} for r in seeds] for i in range(len(rows))]

@@ -97,7 +97,12 @@ def table(result: dict) -> str:
 
 
 def load_outcomes(path: Path) -> list[Outcome]:
-    return [Outcome(**{**e, "actions": tuple(e.get("actions", ()))}) for e in json.loads(Path(path).read_text())["episodes"]]
+    return [outcome_of(e) for e in json.loads(Path(path).read_text())["episodes"]]
+
+
+def outcome_of(episode: dict) -> Outcome:
+    """An Outcome from its JSON form (`report`'s episodes; "actions" may be absent)."""
+    return Outcome(**{**episode, "actions": tuple(episode.get("actions", ()))})
 
 
 def report(label: str, policy_dir: Path, outcomes: Sequence[Outcome]) -> dict:

@@ -80,8 +80,8 @@ class Precompiler:
             self._thread.join()
 
     def _run(self) -> None:
-        start = time.monotonic()
-        for bucket in buckets_by_size(self.collator.buckets):
+        start, buckets = time.monotonic(), buckets_by_size(self.collator.buckets)
+        for bucket in buckets:
             if self._stop.is_set():
                 break
             try:
@@ -90,5 +90,5 @@ class Precompiler:
                 log.exception("precompiling bucket %s failed", bucket)
                 return
             self.done.append(bucket)
-        log.info("precompiled %d of %d buckets in %.1f s while waiting for data", len(self.done),
-                 len(buckets_by_size(self.collator.buckets)), time.monotonic() - start)
+        log.info("precompiled %d of %d buckets in %.1f s while waiting for data", len(self.done), len(buckets),
+                 time.monotonic() - start)
