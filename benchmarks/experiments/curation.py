@@ -229,8 +229,14 @@ def main() -> None:
                     or records.write(path, "curation", ident, setting, measure_seed(args, s, k, rows)))
         except records.RecordError as e:
             ap.error(str(e))
-        seeds.append(body | {"sft": [outcome_of(e) for e in body["sft"]],
-                             "rows": [r | {"outcomes": [outcome_of(e) for e in r["outcomes"]]} for r in body["rows"]]})
+        try:  # what a record holds, as the tables read it
+            seeds.append(body | {"sft": [outcome_of(e) for e in body["sft"]],
+                                 "rows": [r | {"outcomes": [outcome_of(e) for e in r["outcomes"]]} for r in body["rows"]]})
+            ok = [r["label"] for r in body["rows"]] == labels
+        except (KeyError, TypeError, AttributeError) as e:
+            ap.error(f"{path}: not a curation seed record ({type(e).__name__}: {e})")
+        if not ok:
+            ap.error(f"{path}: its rows are not {labels}")
     sft = [o for r in seeds for o in r["sft"]]
     outcomes = [[o for r in seeds for o in r["rows"][i]["outcomes"]] for i in range(len(rows))]
     runs = [[{k: v for k, v in r["rows"][i]["run"].items() if k != "name"} for r in seeds] for i in range(len(rows))]

@@ -119,7 +119,10 @@ def sweep(config: Path, root: Path, run_seeds: Sequence[int], extra: Sequence[st
             if path:
                 records.write(path, "learning_sweep", ident, setting, {"row": dataclasses.asdict(r)})
         else:
-            r = Row(**body["row"] | {"gain_ci95": tuple(body["row"]["gain_ci95"])})
+            try:
+                r = Row(**body["row"] | {"gain_ci95": tuple(body["row"]["gain_ci95"])})
+            except (KeyError, TypeError, ValueError) as e:
+                raise records.RecordError(f"{path}: its row is not a sweep row ({type(e).__name__}: {e})") from None
             print(f"run {i + 1} of {len(run_seeds)}: {name} recorded at {body['commit']} ({body['written']})",
                   file=sys.stderr, flush=True)
         print(json.dumps({"sweep_run": dataclasses.asdict(r)}), flush=True)

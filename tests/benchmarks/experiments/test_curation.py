@@ -193,3 +193,15 @@ def test_a_recorded_seed_is_read_back_not_run_and_pools_with_new_ones(tmp_path, 
     with pytest.raises(SystemExit):
         _bench(monkeypatch, capsys, "--seed", "1", "--work", str(tmp_path / "c"), "--records", str(records))
     assert calls == [] and "not a readable record" in capsys.readouterr().err
+
+
+def test_a_record_whose_body_is_not_a_seeds_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    from benchmarks.experiments import records
+    cfg_rows = [(label, overrides(CFG, on)) for label, on in ROWS]
+    budget = curation_ablation.Setup(tmp_path, CFG, CFG.trainer.steps, CFG.trainer.max_seconds).overrides(300.0)
+    setting = records.settings(Path("configs/curation.yaml"), budget, rows=[[lb, o] for lb, o in cfg_rows])
+    records.write(tmp_path / "r" / "seed0.json", "curation", {"seed": 0}, setting, {"sft": [{"task_id": 1}], "rows": []})
+    monkeypatch.setattr(curation_ablation, "one_run", _fake_runs([]))
+    with pytest.raises(SystemExit) as e:
+        _bench(monkeypatch, capsys, "--seed", "0", "--work", str(tmp_path / "w"), "--records", str(tmp_path / "r"))
+    assert e.value.code == 2 and "not a curation seed record (TypeError" in capsys.readouterr().err

@@ -3,6 +3,7 @@ rollouts (one that learns, one that collapses), each standing in for a `dart-jax
 back through the run's own code (the store, the collapse rule in the summary, the low point),
 judged against the bar and reported; the bar's edges by hand."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -119,3 +120,12 @@ def test_a_recorded_run_is_read_back_not_run_and_another_bar_is_refused(tmp_path
     with pytest.raises(records.RecordError, match="budget differ"):
         sweep(config, tmp_path / "c", [6], ["trainer.steps=3"], runner=runner, db_path=StoreConfig.db_path, kept=kept)
     assert len(ran) == 2
+
+
+def test_a_record_whose_row_is_not_a_sweep_row_is_refused(tmp_path):
+    config = Path("configs/local.yaml")
+    setting = records.settings(config, [], bar=dataclasses.asdict(Bar()))
+    records.write(tmp_path / "sweep-0-seed6.json", "learning_sweep", {"run": "sweep-0-seed6", "seed": 6}, setting,
+                  {"row": {"run": "sweep-0-seed6"}})
+    with pytest.raises(records.RecordError, match="its row is not a sweep row"):
+        sweep(config, tmp_path / "w", [6], [], runner=None, kept=tmp_path)
