@@ -1,35 +1,41 @@
 """Scripted experts that read the instruction and `dom_text` and answer in model text.
 
-    text = oracle.act(task.backend, task.name, observation)   # "Thought: ...\nAction: ..."
+    text = oracle.act(task.backend, task.name, observation, history)   # "Thought: ...\nAction: ..."
 
 They drive tests (the full server/client path must solve tasks), and their texts are
 demonstrations for the experience pool: each answer is an `Action` rendered by
-`envs.actions.render`, the exact format the policy must learn. An oracle that meets a
-state it cannot handle answers `call_user()` (gives up).
+`envs.actions.render`, the exact format the policy must learn. `history` is the episode's
+earlier answers, as the policy's prompt shows them: a desktop's dialog looks the same before
+and after a name typed into it that the application was not ready to take, and only what the
+expert did tells the two apart. An oracle that meets a state it cannot handle answers
+`call_user()` (gives up).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Callable
 
 from envs import dom
-from envs.actions import render
+from envs.actions import parse, render
 from envs.dom import Element
 from envs.osworld import oracle as desktop_oracle
 from envs.synthetic import HEADER
 from envs.types import Action, Observation
 
-Solver = Callable[[str, list[Element], Observation], Action]
+Solver = Callable[[str, list[Element], Observation, list[Action]], Action]  # history: the episode's actions so far
 
 
-def act(backend: str, task_name: str, obs: Observation) -> str:
-    """The expert's next step for `obs`, as UI-TARS-1.5 text."""
+def act(backend: str, task_name: str, obs: Observation, history: Sequence[str] = ()) -> str:
+    """The expert's next step for `obs`, after the episode's earlier answers `history` (model
+    text, oldest first), as UI-TARS-1.5 text."""
     solver = SOLVERS.get((backend, task_name))
     if solver is None:
         raise KeyError(f"no oracle for {backend}/{task_name}")
-    action = solver(obs.instruction, dom.parse(obs.dom_text), obs)
-    return render(action, (obs.width, obs.height))
+    screen = (obs.width, obs.height)
+    action = solver(obs.instruction, dom.parse(obs.dom_text), obs, [parse(text, screen) for text in history])
+    return render(action, screen)
 
 
 def supported() -> list[tuple[str, str]]:
@@ -83,22 +89,22 @@ def _press(e: Element | None, obs: Observation, why: str) -> Action:
     return _visible(e, obs) or _click(e, why)
 
 
-def _syn_click_button(instruction, elements, obs):
+def _syn_click_button(instruction, elements, obs, history):
     (label,) = _quoted(instruction)[:1]
     return _press(_find(elements, "button", label), obs, f'Click the "{label}" button.')
 
 
-def _syn_click_color(instruction, elements, obs):
+def _syn_click_color(instruction, elements, obs, history):
     (label,) = _quoted(instruction)[:1]
     return _press(_find(elements, "button", label), obs, f'Click the "{label}" square.')
 
 
-def _syn_select_item(instruction, elements, obs):
+def _syn_select_item(instruction, elements, obs, history):
     (label,) = _quoted(instruction)[:1]
     return _press(_find(elements, "listitem", label), obs, f'Select "{label}".')
 
 
-def _syn_enter_text(instruction, elements, obs):
+def _syn_enter_text(instruction, elements, obs, history):
     word, field = _quoted(instruction)[:2]
     box = _find(elements, "textbox", field)
     if box is None:
@@ -107,7 +113,7 @@ def _syn_enter_text(instruction, elements, obs):
     return step or _press(_find(elements, "button", "Submit"), obs, "Submit the form.")
 
 
-def _syn_check_boxes(instruction, elements, obs):
+def _syn_check_boxes(instruction, elements, obs, history):
     wanted = set(_quoted(instruction))
     for box in (e for e in elements if e.role == "checkbox"):
         if box.checked != (box.label in wanted):
@@ -115,7 +121,7 @@ def _syn_check_boxes(instruction, elements, obs):
     return _press(_find(elements, "button", "Submit"), obs, "Submit the selection.")
 
 
-def _syn_form(instruction, elements, obs):
+def _syn_form(instruction, elements, obs, history):
     name, plan = _quoted(instruction)[:2]
     box = _find(elements, "textbox", "Name")
     if box is not None:
@@ -129,18 +135,18 @@ def _syn_form(instruction, elements, obs):
 
 # ---- MiniWoB++ -----------------------------------------------------------------------------
 
-def _mw_click_button(instruction, elements, obs):
+def _mw_click_button(instruction, elements, obs, history):
     (label,) = _quoted(instruction)[:1] or [""]
     button = _find(elements, "button", label)
     return _click(button, f'Click "{label}".') if button else _give_up("No such button.")
 
 
-def _mw_click_test(instruction, elements, obs):
+def _mw_click_test(instruction, elements, obs, history):
     button = _find(elements, "button")
     return _click(button, "Click the button.") if button else _give_up("No button.")
 
 
-def _mw_click_test_2(instruction, elements, obs):
+def _mw_click_test_2(instruction, elements, obs, history):
     match = re.search(r"button (\w+)", instruction)
     button = _find(elements, "button", match.group(1)) if match else None
     if button is None:
@@ -159,7 +165,7 @@ def _uncovered(box, others) -> tuple[float, float]:
     return min(free or [center], key=lambda p: (p[0] - center[0]) ** 2 + (p[1] - center[1]) ** 2)
 
 
-def _mw_enter_text(instruction, elements, obs):
+def _mw_enter_text(instruction, elements, obs, history):
     (word,) = _quoted(instruction)[:1] or [""]
     box = _find(elements, "input_text")
     if box is None:
@@ -169,12 +175,12 @@ def _mw_enter_text(instruction, elements, obs):
     return step or (_click(submit, "Submit.") if submit else _give_up("No Submit button."))
 
 
-def _mw_focus_text(instruction, elements, obs):
+def _mw_focus_text(instruction, elements, obs, history):
     box = _find(elements, "input_text")
     return _click(box, "Click into the text box.") if box else _give_up("No text box.")
 
 
-def _mw_click_checkboxes(instruction, elements, obs):
+def _mw_click_checkboxes(instruction, elements, obs, history):
     match = re.search(r"Select (.*) and click Submit", instruction)
     if match is None:
         return _give_up("Cannot read the instruction.")

@@ -24,8 +24,9 @@ expanded ids it expands the first placeholder again), so rollout workers send
 
 from __future__ import annotations
 
+
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -142,6 +143,7 @@ class Prompt:
     placeholder_ids: np.ndarray  # int32 [T']: one <|image_pad|> per image, what vLLM takes as a token prompt
     images: tuple  # the screenshots that are in the prompt, in prompt order
     image_grid_thw: np.ndarray  # int64 [images, 3]
+    responses: tuple[str, ...] = ()  # the episode's earlier answers it was built from (build), oldest first
 
 
 class PromptBuilder:
@@ -172,7 +174,7 @@ class PromptBuilder:
     def build(self, instruction: str, screenshots: Sequence[ImageLike], responses: Sequence[str],
               screen_text: str = "") -> Prompt:
         messages = build_messages(instruction, screenshots, responses, self.cfg, screen_text)
-        return self.tokenize_messages(messages)
+        return replace(self.tokenize_messages(messages), responses=tuple(responses))
 
     def tokenize_messages(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> Prompt:
         images = tuple(p["image"] for m in messages if not isinstance(m["content"], str)

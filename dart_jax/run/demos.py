@@ -38,7 +38,7 @@ class OraclePolicy:
         obs = Observation(screenshot=observation.screenshot, width=observation.width,
                           height=observation.height, instruction=observation.instruction,
                           dom_text=observation.dom_text)
-        text = oracle.act(task.backend, task.name, obs)
+        text = oracle.act(task.backend, task.name, obs, prompt.responses)
         ids = self.builder.response_ids(text)
         return Sample(text=text, token_ids=ids, logprobs=np.zeros(len(ids), np.float32), policy_version=0)
 

@@ -22,7 +22,30 @@ def _windows(elements: list[Element]) -> list[Element]:
     return [e for e in elements if e.role == "window"]
 
 
-def _vm_mousepad_save_as(instruction, elements, obs):
+def _named_in_this_dialog(history: list[Action], path: str, opener: tuple[str, ...]) -> bool:
+    """Whether `path` was typed since the last `opener` hotkey (the one that opens the dialog)."""
+    for a in reversed(history):
+        if a.kind == "type" and a.content.rstrip("\n") == path:
+            return True
+        if a.kind == "hotkey" and a.keys == opener:
+            return False
+    return False
+
+
+def _name_the_file(history: list[Action], path: str, opener: tuple[str, ...]) -> Action:
+    """In a focused save dialog: type `path` and confirm; where it was typed already, confirm
+    again. Under TCG a GTK save dialog can leave its Save button insensitive for a second or
+    more after the name changes and ignore that Enter: typing the name again would append it
+    to the first ("...agenda.txt/home/user/...")."""
+    if _named_in_this_dialog(history, path, opener):
+        return Action(kind="hotkey", keys=("enter",), thought="The dialog has the name; confirm it.")
+    return Action(kind="type", content=path + "\n", thought="Name the file by its full path and confirm.")
+
+
+SAVE_AS = ("ctrl", "shift", "s")
+
+
+def _vm_mousepad_save_as(instruction, elements, obs, history):
     windows = _windows(elements)
     dialogs = [w for w in windows if w.label == "Save As"]
     editor = next((w for w in windows if w.label.endswith(" - Mousepad")), None)
@@ -34,8 +57,7 @@ def _vm_mousepad_save_as(instruction, elements, obs):
     if dialogs and ((named and not title.startswith("*")) or len(dialogs) > 1):
         return Action(kind="hotkey", keys=("esc",), thought="Close the extra save dialog.")
     if dialogs:
-        return Action(kind="type", content="/home/user/Documents/agenda.txt\n",
-                      thought="Name the file by its full path and confirm.")
+        return _name_the_file(history, "/home/user/Documents/agenda.txt", SAVE_AS)
     if title == "Untitled 1":
         return Action(kind="type", content="meeting at 10", thought='Type "meeting at 10" into the editor.')
     if named:
@@ -43,7 +65,7 @@ def _vm_mousepad_save_as(instruction, elements, obs):
             return Action(kind="hotkey", keys=("ctrl", "s"), thought="Save the changes.")
         return Action(kind="finished", thought="The line is written and saved as agenda.txt.")
     # unsaved, or saved under another name (a dialog that was not ready took the default)
-    return Action(kind="hotkey", keys=("ctrl", "shift", "s"), thought="Save it under the name asked for.")
+    return Action(kind="hotkey", keys=SAVE_AS, thought="Save it under the name asked for.")
 
 
 def _shell_into(elements: list[Element], folder: str, command: str, thought: str) -> Action:
@@ -57,7 +79,7 @@ def _shell_into(elements: list[Element], folder: str, command: str, thought: str
     return Action(kind="type", content=command + "\n", thought=thought)
 
 
-def _vm_xterm_mkdir(instruction, elements, obs):
+def _vm_xterm_mkdir(instruction, elements, obs, history):
     return _shell_into(elements, "~/reports", "mkdir -p ~/reports && cd ~/reports",
                        "Create the folder and change into it.")
 
@@ -81,7 +103,7 @@ def _libreoffice_save_as(elements: list[Element], app: str, path: str) -> Action
     if dialogs and saved:
         return Action(kind="hotkey", keys=("esc",), thought="Close the extra save dialog.")
     if any(w.focused for w in dialogs):
-        return Action(kind="type", content=path + "\n", thought="Name the file by its full path and confirm.")
+        return _name_the_file(history, path, SAVE_AS)
     if document is None and any(w.label.startswith("LibreOffice") for w in windows):
         return Action(kind="wait", thought="LibreOffice is still loading the document.")  # titled once loaded
     if document is None:
@@ -90,27 +112,27 @@ def _libreoffice_save_as(elements: list[Element], app: str, path: str) -> Action
         return Action(kind="finished", thought=f"The document is saved as {path}.")
     if dialogs or not document.focused:
         return Action(kind="wait", thought="A dialog is opening.")
-    return Action(kind="hotkey", keys=("ctrl", "shift", "s"), thought="Save it under the name asked for.")
+    return Action(kind="hotkey", keys=SAVE_AS, thought="Save it under the name asked for.")
 
 
-def _vm_calc_csv_to_ods(instruction, elements, obs):
+def _vm_calc_csv_to_ods(instruction, elements, obs, history):
     return _libreoffice_save_as(elements, "Calc", "/home/user/Documents/scores.ods")
 
 
-def _vm_writer_txt_to_odt(instruction, elements, obs):
+def _vm_writer_txt_to_odt(instruction, elements, obs, history):
     return _libreoffice_save_as(elements, "Writer", "/home/user/Documents/letter.odt")
 
 
-def _vm_impress_new_odp(instruction, elements, obs):
+def _vm_impress_new_odp(instruction, elements, obs, history):
     return _libreoffice_save_as(elements, "Impress", "/home/user/Documents/talk.odp")
 
 
-def _vm_os_terminal_move_txt(instruction, elements, obs):
+def _vm_os_terminal_move_txt(instruction, elements, obs, history):
     return _shell_into(elements, "~/archive", "mkdir -p ~/archive && mv ~/inbox/*.txt ~/archive/ && cd ~/archive",
                        "Make the archive folder, move the text files into it, change into it.")
 
 
-def _vm_vlc_play_file(instruction, elements, obs):
+def _vm_vlc_play_file(instruction, elements, obs, history):
     """VLC's title is the playing file's name before " - VLC media player"; its Open dialog is
     another window, focused once it is up."""
     windows = _windows(elements)
@@ -126,11 +148,11 @@ def _vm_vlc_play_file(instruction, elements, obs):
     return Action(kind="wait", thought="The open dialog is on its way.")
 
 
-def _vm_infeasible(instruction, elements, obs):
+def _vm_infeasible(instruction, elements, obs, history):
     return Action(kind="call_user", thought="No screen can show 16K here: the task is infeasible.")
 
 
-SOLVERS: dict[str, Callable[[str, list[Element], Observation], Action]] = {
+SOLVERS: dict[str, Callable[[str, list[Element], Observation, list[Action]], Action]] = {
     "mousepad-save-as": _vm_mousepad_save_as,
     "xterm-mkdir": _vm_xterm_mkdir,
     "os-infeasible-16k": _vm_infeasible,

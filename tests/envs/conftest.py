@@ -42,11 +42,12 @@ def observation(reply) -> Observation:
 
 async def oracle_episode(env: EnvSession, task: TaskSpec, max_steps: int = 20):
     """Reset, let the oracle act through the wire until done, evaluate."""
-    reply = await env.reset(task)
+    reply, history = await env.reset(task), []
     for _ in range(max_steps):
         if reply.done or reply.status == "env_error":
             break
-        reply = await env.step(oracle.act(task.backend, task.name, observation(reply)))
+        history.append(oracle.act(task.backend, task.name, observation(reply), history))
+        reply = await env.step(history[-1])
     return await env.evaluate()
 
 

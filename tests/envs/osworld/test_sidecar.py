@@ -119,11 +119,12 @@ def test_osworlds_evaluator_agrees_with_ours_on_every_bundled_task(vm_server):
             env = await c.acquire("osworld")
             for name in sorted(bundled_tasks()):
                 for solved in (True, False):
-                    reply = await env.reset(spec("osworld", name))
+                    reply, history = await env.reset(spec("osworld", name)), []
                     for _ in range(10 if solved else 0):
                         if reply.done or reply.status == "env_error":
                             break
-                        reply = await env.step(oracle.act("osworld", name, observation(reply)))
+                        history.append(oracle.act("osworld", name, observation(reply), history))
+                        reply = await env.step(history[-1])
                     backend = envs.slots[env.slot].env  # started by the first reset
                     last = backend.history[-1] if backend.history else None
                     theirs = await asyncio.to_thread(sidecar.evaluate, backend.example, backend.vm.url, last,
