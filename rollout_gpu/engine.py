@@ -31,11 +31,13 @@ and raises EngineBroken: the worker exits and its supervisor starts a fresh engi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -141,6 +143,7 @@ class Engine:
         self._live = asyncio.Event()  # cleared while an update holds the engine paused
         self._live.set()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the engine's client runs in
+        self._sockets: Path | None = None  # the engine's ipc sockets (sockets_dir), removed at shutdown
 
     @classmethod
     async def start(cls, hf_dir: str | Path, cfg: EngineConfig, sampling: SamplingConfig,
@@ -149,11 +152,17 @@ class Engine:
         from vllm.v1.engine.async_llm import AsyncLLM
         check_image_processor(hf_dir)
         start = time.monotonic()
-        llm = AsyncLLM.from_engine_args(engine_args(hf_dir, cfg))
+        sockets = Path(tempfile.mkdtemp(prefix="dart-vllm-", dir=os.environ.get("VLLM_RPC_BASE_PATH")))
+        try:
+            with sockets_dir(sockets):
+                llm = AsyncLLM.from_engine_args(engine_args(hf_dir, cfg))
+        except BaseException:
+            shutil.rmtree(sockets, ignore_errors=True)
+            raise
         await llm.update_weight_version(str(version))
         log.info("vLLM engine up in %.1f s on %s (%s)", time.monotonic() - start, hf_dir, cfg.dtype)
         engine = cls(llm, cfg, sampling, version, checkpoint_tensors(hf_dir))
-        engine._loop = asyncio.get_running_loop()
+        engine._loop, engine._sockets = asyncio.get_running_loop(), sockets
         return engine
 
     # -- sampling
@@ -229,7 +238,7 @@ class Engine:
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
-        endpoint = f"ipc://{tempfile.gettempdir()}/dart-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        endpoint = f"ipc://{self._sockets or tempfile.gettempdir()}/dart-pull-{uuid.uuid4().hex[:8]}"
         sock.bind(endpoint)
         try:
             await self.llm.collective_rpc(BEGIN, args=(
@@ -259,6 +268,26 @@ class Engine:
         self.llm.shutdown()
         if self._loop is not None and not self._loop.is_closed() and not self._loop.is_running():
             self._loop.run_until_complete(asyncio.sleep(0))
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sockets_dir(path: Path):
+    """vLLM names its ipc sockets under VLLM_RPC_BASE_PATH (the temp folder by default) and
+    leaves them there when it stops: about 7 files an engine, which a long-lived process (the
+    `dart-jax run` supervisor's evaluations) piles up in /tmp. Set to a folder of the engine's
+    own (inside the one the variable named, if any) for its start, where its client names them
+    and its processes inherit it; the engine removes `path` at shutdown."""
+    before = os.environ.get("VLLM_RPC_BASE_PATH")
+    os.environ["VLLM_RPC_BASE_PATH"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_RPC_BASE_PATH", None)
+        else:
+            os.environ["VLLM_RPC_BASE_PATH"] = before
 
 
 def _sample(completion, submitted: int) -> Sample:

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 # what `make test` installed must be there: a test that would skip for want of it stops the run
 export DART_MAKE_TEST=1
-.venv/bin/python -m pytest -ra --durations=15 "$@"
+.venv/bin/python -m pytest -ra --durations=40 "$@"
 rc=$?
 echo "make test: pytest exit $rc after $(( $(date +%s) - start )) s"
 # 5 = no tests collected: an empty run is a failure, never a silent pass.

@@ -11,8 +11,10 @@ change moves the log-probs far beyond the parity bound.
 
 import asyncio
 import dataclasses
+import os
 import threading
 import time
+from pathlib import Path
 
 import jax
 import msgspec
@@ -78,9 +80,19 @@ def system(tmp_path_factory):
     try:
         yield System(loop, engine, publisher, weights, graphdef, params, {0: params}, prompts)
     finally:
+        sockets = engine._sockets
         engine.shutdown()
         publisher.close()
         loop.close()
+    assert not sockets.exists(), f"the engine left its ipc sockets: {sorted(os.listdir(sockets))}"
+
+
+def test_the_engine_keeps_its_ipc_sockets_in_a_folder_of_its_own(system):
+    """vLLM's sockets and the weight pulls' go to the engine's folder (removed at shutdown: the
+    fixture checks), inside the session's VLLM_RPC_BASE_PATH, which is as it was."""
+    base = os.environ["VLLM_RPC_BASE_PATH"]
+    sockets = system.engine._sockets
+    assert sockets.parent == Path(base) and any(sockets.iterdir())
 
 
 def perturbed(params, seed: int):
