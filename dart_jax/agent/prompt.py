@@ -24,7 +24,6 @@ expanded ids it expands the first placeholder again), so rollout workers send
 
 from __future__ import annotations
 
-
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path

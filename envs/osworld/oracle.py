@@ -84,7 +84,7 @@ def _vm_xterm_mkdir(instruction, elements, obs, history):
                        "Create the folder and change into it.")
 
 
-def _libreoffice_save_as(elements: list[Element], app: str, path: str) -> Action:
+def _libreoffice_save_as(elements: list[Element], history: list[Action], app: str, path: str) -> Action:
     """Save LibreOffice `app`'s document (Calc, Writer, Impress) as `path` through Save As (its GTK
     dialog is titled "Save"; the type follows the name's extension): a dialog on the way (the
     CSV import's options, Impress' templates, Save As) shows in the window list, the saved name in the
@@ -116,15 +116,15 @@ def _libreoffice_save_as(elements: list[Element], app: str, path: str) -> Action
 
 
 def _vm_calc_csv_to_ods(instruction, elements, obs, history):
-    return _libreoffice_save_as(elements, "Calc", "/home/user/Documents/scores.ods")
+    return _libreoffice_save_as(elements, history, "Calc", "/home/user/Documents/scores.ods")
 
 
 def _vm_writer_txt_to_odt(instruction, elements, obs, history):
-    return _libreoffice_save_as(elements, "Writer", "/home/user/Documents/letter.odt")
+    return _libreoffice_save_as(elements, history, "Writer", "/home/user/Documents/letter.odt")
 
 
 def _vm_impress_new_odp(instruction, elements, obs, history):
-    return _libreoffice_save_as(elements, "Impress", "/home/user/Documents/talk.odp")
+    return _libreoffice_save_as(elements, history, "Impress", "/home/user/Documents/talk.odp")
 
 
 def _vm_os_terminal_move_txt(instruction, elements, obs, history):

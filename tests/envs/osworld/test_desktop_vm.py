@@ -185,6 +185,12 @@ def test_window_and_accessibility_text_feed_the_oracle():
     # a dialog opened again after a save under another name gets the name typed
     again = [*history, "Action: hotkey(key='enter')", "Action: hotkey(key='ctrl shift s')"]
     assert "agenda.txt" in oracle.act("osworld", "mousepad-save-as", obs, again)
+    # LibreOffice's Save As (titled "Save") the same way
+    calc = [("0x01", "scores.csv - LibreOffice Calc", (0, 0, 1280, 800)), ("0x02", "Save", (94, 40, 1096, 775))]
+    office = Observation(b"", 1280, 800, "", "\n".join(window_lines(calc, active="0x02")))
+    typed = ["Action: hotkey(key='ctrl shift s')", "Action: type(content='/home/user/Documents/scores.ods\\n')"]
+    assert "scores.ods" in oracle.act("osworld", "calc-csv-to-ods", office, typed[:1])
+    assert oracle.act("osworld", "calc-csv-to-ods", office, typed).endswith("hotkey(key='enter')")
 
 
 def test_setup_steps_and_evaluators_against_a_fake_vm(tmp_path):
