@@ -12,7 +12,8 @@ override to every run. Per run it prints SFT's and RL's held-out success (sample
 and its paired 95% interval (clustered by held-out task), the lowest training-rollout success (the mean of the last 256
 train rollouts, dart_jax/observe/learning.py) after it first reached the SFT policy's
 held-out success, whether training collapsed by the run's rule (`rl_collapsed`: a window fell
-35% below its best, or the last two versions' rollouts below half of it; observe/learning.py)
+35% below its best, or the last two versions' rollouts below half of it, either at least 0.10
+below; observe/learning.py)
 and at which policy version, and the wall time; then the pass rate and a JSON line. Each
 finished run leaves a record in `--records` (benchmarks/results/learning_sweep, kept in the
 repository: records.py), and a run recorded there under the same config text, overrides and bar

@@ -12,7 +12,12 @@ last rollout. The collapse rule (issue 42; a run that falls and recovers has sti
 - a late collapse: the rollouts of the last TAIL_VERSIONS = 2 policy versions (at least
   TAIL_MIN rollouts) below half of the best window. A window of 256 rollouts spans about
   three versions of `make run`, so a collapse in the run's last one or two versions barely
-  moves it; the tail is judged on its own rollouts.
+  moves it; the tail is judged on its own rollouts;
+- either way only by at least MIN_DROP = 0.10 of all rollouts below the best window. At low
+  success a 35% fall is within a window's noise: a curation probe (harder tasks) went from a
+  best window of 0.160 to 0.102 and then climbed to 0.23 (its rollouts arrive in groups of a
+  task, about 30 independent draws a window, a standard error of 0.065 at 0.16). Where the
+  best window is 0.286 or more, 35% is at least 0.10 and the floor changes nothing.
 
 Why 256 rollouts (about three policy versions of `make run`): a task's rollouts arrive
 together and share its difficulty (click-test's nearly all fail), so a window holds fewer
@@ -34,6 +39,7 @@ WINDOW = 256
 FALL = 0.35  # a window this far below the best before it is a collapse
 TAIL_VERSIONS = 2  # the last versions judged on their own rollouts
 TAIL_MIN = 64  # fewer rollouts than this in them: too few to judge
+MIN_DROP = 0.10  # a fall or a late collapse is at least this far below the best window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +77,22 @@ def success_curve(trajs: Sequence[TrajectoryTiming], window: int = WINDOW) -> li
 
 def first_collapse(curve: Sequence[SuccessPoint], tail: SuccessPoint | None = None) -> Collapse | None:
     """The first window at or below (1 - FALL) of the best before it; else the `tail` point
-    (`tail_success`) if it lies below half of the best window; else None."""
+    (`tail_success`) if it lies below half of the best window; else None. Either only at
+    least MIN_DROP below the best."""
     best: SuccessPoint | None = None
     for p in curve:
-        if best is not None and p.success <= (1 - FALL) * best.success + 1e-12 and best.success > 0:
+        if best is not None and _fell(p.success, best.success, (1 - FALL) * best.success + 1e-12):
             return Collapse(p.version, p.success, best.success, best.version)
         if best is None or p.success > best.success:
             best = p
-    if tail is not None and best is not None and tail.success < 0.5 * best.success:
+    if tail is not None and best is not None and _fell(tail.success, best.success, 0.5 * best.success - 1e-12):
         return Collapse(tail.version, tail.success, best.success, best.version, late=True)
     return None
+
+
+def _fell(success: float, best: float, at_most: float) -> bool:
+    """`success` at or below `at_most` and at least MIN_DROP below `best`."""
+    return success <= at_most and best - success >= MIN_DROP - 1e-12
 
 
 def tail_success(trajs: Sequence[TrajectoryTiming], versions: int = TAIL_VERSIONS,

@@ -35,6 +35,18 @@ def test_a_fall_of_35_percent_from_the_best_so_far_is_a_collapse_even_when_it_re
     assert first_collapse([]) is None
 
 
+def test_at_low_success_a_fall_needs_a_tenth_of_all_rollouts():
+    """A curation probe's noise: its best window 0.160, then 0.102 (a 36% fall, 0.058 of all
+    rollouts), then it climbed to 0.23. A fall to 0.06 (0.10 below) is a collapse; so is a
+    tail at 0.05, not one at 0.07."""
+    probe = [SuccessPoint(v, s) for v, s in enumerate([0.156, 0.160, 0.133, 0.102, 0.164, 0.23])]
+    assert first_collapse(probe) is None
+    fell = [SuccessPoint(0, 0.16), SuccessPoint(1, 0.06)]
+    assert first_collapse(fell) == Collapse(version=1, success=0.06, best=0.16, best_version=0)
+    assert first_collapse(probe[:2], SuccessPoint(9, 0.07)) is None  # under half, but 0.09 below
+    assert first_collapse(probe[:2], SuccessPoint(9, 0.05)) == Collapse(9, 0.05, 0.16, 1, late=True)
+
+
 def _rollouts(by_version: dict[int, list[int]]):
     return [rollout(bool(w), version=v) for v, wins in by_version.items() for w in wins]
 
