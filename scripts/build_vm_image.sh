@@ -47,9 +47,10 @@ if [ -n "$missing" ] && [ -z "${DART_SKIP_APT:-}" ]; then
 fi
 [ "$(id -u)" = 0 ] || { echo "setup-vm: building the image needs root (mmdebstrap, chroot)" >&2; exit 1; }
 
+# libxfixes3: the server's screenshots show the X server's cursor (XFixes), as a screen does
 GUEST_PACKAGES=(
   linux-image-amd64 systemd-sysv udev dbus dbus-x11 sudo procps
-  xvfb openbox xdotool wmctrl xclip xdg-utils fonts-dejavu-core
+  xvfb openbox xdotool wmctrl xclip xdg-utils fonts-dejavu-core libx11-6 libxfixes3
   mousepad xterm pcmanfm
   at-spi2-core python3-pyatspi python3 python-is-python3 python3-flask python3-xlib python3-pil python3-tk
 )

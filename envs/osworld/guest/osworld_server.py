@@ -4,7 +4,7 @@ python3-xlib, python3-pil, python3-pyatspi, and pyautogui).
 
 Routes and payloads follow OSWorld's desktop_env/server/main.py, so its clients
 (PythonController, SetupController, the getters) and ours (envs.osworld.VMClient) work
-unchanged: GET /screenshot (PNG, pointer drawn in), GET /accessibility ({"AT": xml}),
+unchanged: GET /screenshot (PNG, the X server's cursor in it), GET /accessibility ({"AT": xml}),
 GET /terminal, GET /platform, GET /cursor_position, POST /execute and /setup/execute
 ({"command", "shell"} -> {"status", "output", "error", "returncode"}), POST /setup/launch,
 /setup/open_file, /setup/activate_window, /setup/close_window, /setup/upload (multipart
@@ -19,6 +19,8 @@ that dominate a step under software emulation.
 """
 
 import argparse
+import ctypes
+import functools
 import io
 import json
 import logging
@@ -233,13 +235,85 @@ def run_bash_script():
 _ARROW = [(0, 0), (0, 17), (4, 13), (7, 20), (10, 19), (7, 12), (12, 12)]
 
 
+class _XFixesCursorImage(ctypes.Structure):
+    """XFixesCursorImage of <X11/extensions/Xfixes.h> (version 2 and on): each pixel an
+    unsigned long holding premultiplied ARGB in its low 32 bits."""
+    _fields_ = [("x", ctypes.c_short), ("y", ctypes.c_short), ("width", ctypes.c_ushort),
+                ("height", ctypes.c_ushort), ("xhot", ctypes.c_ushort), ("yhot", ctypes.c_ushort),
+                ("cursor_serial", ctypes.c_ulong), ("pixels", ctypes.POINTER(ctypes.c_ulong)),
+                ("atom", ctypes.c_ulong), ("name", ctypes.c_char_p)]
+
+
+_CURSOR_MAX = 256  # a cursor image larger than this on a side is not one
+
+
+@functools.lru_cache(maxsize=1)
+def _xfixes():
+    """(libX11, libXfixes) with the signatures `_cursor` calls, or None where either is missing."""
+    try:
+        x11, xfixes = ctypes.CDLL("libX11.so.6"), ctypes.CDLL("libXfixes.so.3")
+    except OSError:
+        return None
+    x11.XOpenDisplay.restype, x11.XOpenDisplay.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+    x11.XCloseDisplay.argtypes = x11.XFree.argtypes = [ctypes.c_void_p]
+    xfixes.XFixesGetCursorImage.restype = ctypes.POINTER(_XFixesCursorImage)
+    xfixes.XFixesGetCursorImage.argtypes = [ctypes.c_void_p]
+    xfixes.XFixesQueryExtension.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    return x11, xfixes
+
+
+def _cursor():
+    """(RGBA image, top-left x, top-left y) of the cursor the X server shows now (XFixes:
+    the shape the application under the pointer set: an arrow, a text beam, a hand), or
+    None where libX11/libXfixes or the extension is missing."""
+    from PIL import Image
+    libs = _xfixes()
+    if libs is None:
+        return None
+    x11, xfixes = libs
+    d = x11.XOpenDisplay(os.environ["DISPLAY"].encode())
+    if not d:
+        return None
+    try:
+        base, error = ctypes.c_int(), ctypes.c_int()
+        if not xfixes.XFixesQueryExtension(d, ctypes.byref(base), ctypes.byref(error)):
+            return None
+        found = xfixes.XFixesGetCursorImage(d)
+        if not found:
+            return None
+        try:
+            c = found.contents
+            w, h = min(c.width, _CURSOR_MAX), min(c.height, _CURSOR_MAX)
+            rgba = bytearray(4 * w * h)
+            for row in range(h):
+                for col in range(w):
+                    argb = c.pixels[row * c.width + col] & 0xFFFFFFFF
+                    a = argb >> 24
+                    i = 4 * (row * w + col)
+                    if a:  # premultiplied: back to straight alpha
+                        rgba[i:i + 4] = bytes((min(255, ((argb >> s) & 0xFF) * 255 // a) for s in (16, 8, 0))) + bytes((a,))
+            return Image.frombytes("RGBA", (w, h), bytes(rgba)), c.x - c.xhot, c.y - c.yhot
+        finally:
+            x11.XFree(found)
+    finally:
+        x11.XCloseDisplay(d)
+
+
 @app.route("/screenshot", methods=["GET"])
 def screenshot():
-    """The screen as PNG with the pointer drawn in (Xvfb has no hardware cursor)."""
+    """The screen as PNG with the pointer in it (Xvfb has no hardware cursor, so the grab
+    lacks it): the cursor image the X server shows, from XFixes; a drawn arrow where XFixes
+    cannot answer (logged)."""
     from PIL import ImageDraw, ImageGrab
     image = ImageGrab.grab(xdisplay=os.environ["DISPLAY"])
-    (x, y), _ = _pointer_and_size()
-    ImageDraw.Draw(image).polygon([(x + dx, y + dy) for dx, dy in _ARROW], fill="white", outline="black")
+    cursor = _cursor()
+    if cursor is not None:
+        sprite, left, top = cursor
+        image.paste(sprite, (left, top), sprite)
+    else:
+        logging.warning("no XFixes cursor image: the pointer is drawn as an arrow")
+        (x, y), _ = _pointer_and_size()
+        ImageDraw.Draw(image).polygon([(x + dx, y + dy) for dx, dy in _ARROW], fill="white", outline="black")
     buf = io.BytesIO()
     image.save(buf, "PNG", compress_level=1)
     buf.seek(0)

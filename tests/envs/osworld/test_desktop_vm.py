@@ -3,6 +3,7 @@ oracle episodes on every bundled task, snapshot resets, a VM killed mid-episode,
 actions; and, without a VM, the setup/evaluator subset and the observation text."""
 
 import asyncio
+import io
 import random
 import signal
 import subprocess
@@ -69,6 +70,44 @@ def test_a_reset_restores_the_snapshot(vm_server):
     assert reply.status == "ok" and "*Untitled 1 - Mousepad" in reply.observation.dom_text
     assert written == (b"uploaded\n", None)  # the upload landed in the first episode
     assert after is None  # and is gone in the next
+
+
+@pytest.mark.vm
+def test_screenshots_show_the_cursor_the_application_sets(vm_server):
+    """The pointer over Mousepad's text shows its text beam, over the desktop the arrow, in
+    /screenshot (XFixes: the X server's own cursor image). Each cursor is found as what
+    changes near its point between a screenshot with the pointer there and one with it
+    elsewhere; a drawn arrow would be the same shape at both."""
+    from PIL import Image, ImageChops
+    envs, endpoint = vm_server
+
+    async def main():
+        async with desktop_env(endpoint) as env:
+            await env.reset(spec("osworld", "mousepad-save-as"))
+            vm = VMClient(envs.slots[env.slot].env.vm.url, timeout_s=120)
+            geometry = vm.post_json("/execute", {"command": "xdotool getactivewindow getwindowgeometry --shell",
+                                                 "shell": True})["output"]
+            g = dict(line.split("=", 1) for line in geometry.split())
+            text = (int(g["X"]) + int(g["WIDTH"]) // 2, int(g["Y"]) + int(g["HEIGHT"]) // 2)
+            desktop = (int(g["X"]) + int(g["WIDTH"]) + 60, int(g["Y"]) + int(g["HEIGHT"]) // 2)
+            shots = {}
+            for name, (x, y) in (("text", text), ("desktop", desktop)):
+                vm.execute(f"pyautogui.moveTo({x}, {y})")
+                await asyncio.sleep(1)
+                shots[name] = Image.open(io.BytesIO(vm.screenshot())).convert("RGB")
+            return shots, text, desktop
+
+    shots, text, desktop = run(main())
+    diff = ImageChops.difference(shots["text"], shots["desktop"])
+
+    def shape(point):  # the bounding box of what changed within 32 px of the point
+        x, y = point
+        box = diff.crop((x - 32, y - 32, x + 32, y + 32)).getbbox()
+        assert box is not None, f"no cursor near {point}"
+        return box[2] - box[0], box[3] - box[1]
+
+    beam, arrow = shape(text), shape(desktop)
+    assert beam[0] < arrow[0] and beam[1] > beam[0], (beam, arrow)  # a narrow, tall beam; a wider arrow
 
 
 @pytest.mark.vm
