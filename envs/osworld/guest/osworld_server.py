@@ -27,6 +27,7 @@ import logging
 import os
 import shlex
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -244,7 +245,7 @@ class _XFixesCursorImage(ctypes.Structure):
                 ("atom", ctypes.c_ulong), ("name", ctypes.c_char_p)]
 
 
-_CURSOR_MAX = 256  # a cursor image larger than this on a side is not one
+_CURSOR_MAX = 256  # a cursor image larger than this on a side is not one (an arrow is drawn)
 
 
 @functools.lru_cache(maxsize=1)
@@ -283,16 +284,12 @@ def _cursor():
             return None
         try:
             c = found.contents
-            w, h = min(c.width, _CURSOR_MAX), min(c.height, _CURSOR_MAX)
-            rgba = bytearray(4 * w * h)
-            for row in range(h):
-                for col in range(w):
-                    argb = c.pixels[row * c.width + col] & 0xFFFFFFFF
-                    a = argb >> 24
-                    i = 4 * (row * w + col)
-                    if a:  # premultiplied: back to straight alpha
-                        rgba[i:i + 4] = bytes((min(255, ((argb >> s) & 0xFF) * 255 // a) for s in (16, 8, 0))) + bytes((a,))
-            return Image.frombytes("RGBA", (w, h), bytes(rgba)), c.x - c.xhot, c.y - c.yhot
+            if not (0 < c.width <= _CURSOR_MAX and 0 < c.height <= _CURSOR_MAX):
+                return None
+            n = c.width * c.height
+            # the low 32 bits of each long, little-endian: B, G, R, premultiplied alpha
+            argb = struct.pack(f"<{n}I", *(p & 0xFFFFFFFF for p in c.pixels[:n]))
+            return Image.frombytes("RGBA", (c.width, c.height), argb, "raw", "BGRa"), c.x - c.xhot, c.y - c.yhot
         finally:
             x11.XFree(found)
     finally:
