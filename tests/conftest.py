@@ -35,6 +35,8 @@ os.environ["VLLM_RPC_BASE_PATH"] = _SESSION_VLLM_RPC
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["tests.compile_report"]
+
 
 def _jax_platform(name: str) -> bool:
     if os.environ.get("JAX_PLATFORMS", "") not in ("", name):

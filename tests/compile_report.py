@@ -1,0 +1,73 @@
+"""`pytest --compiles N`: the N tests that spent the most time in XLA's compiler, in this
+process (a trainer a test starts as a subprocess compiles in its own).
+
+Each backend compile JAX makes (a persistent-cache hit included, which costs a read) is
+charged to the test running at the time, a module or session fixture's to the first test
+that needed it; the summary lists each test's seconds, compiles, cache hits and its
+costliest programs, so that tests building the same program can be made to share it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+
+_COMPILE = "/jax/core/compile/backend_compile_duration"
+_HIT = "/jax/compilation_cache/cache_hits"
+
+
+@dataclasses.dataclass
+class _Charge:
+    seconds: float = 0.0
+    compiles: int = 0
+    hits: int = 0
+    programs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+class _Report:
+    def __init__(self, top: int):
+        self.top = top
+        self.current = "(collection)"
+        self.charges: dict[str, _Charge] = collections.defaultdict(_Charge)
+
+    def on_duration(self, event: str, seconds: float, **kw) -> None:
+        if event == _COMPILE:
+            charge = self.charges[self.current]
+            charge.seconds += seconds
+            charge.compiles += 1
+            charge.programs[kw.get("fun_name", "?")] += seconds
+
+    def on_event(self, event: str, **kw) -> None:
+        if event == _HIT:
+            self.charges[self.current].hits += 1
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        self.current = item.nodeid
+        yield
+
+    def pytest_terminal_summary(self, terminalreporter):
+        write = terminalreporter.write_line
+        total = sum(c.seconds for c in self.charges.values())
+        terminalreporter.section(f"XLA compile time: {total:.1f} s in this process, top {self.top} tests")
+        ranked = sorted(self.charges.items(), key=lambda kv: -kv[1].seconds)[:self.top]
+        for nodeid, c in ranked:
+            programs = ", ".join(f"{name} {s:.1f}" for name, s in c.programs.most_common(3))
+            write(f"{c.seconds:7.1f} s {c.compiles:4d} compiles {c.hits:3d} cache hits  {nodeid}  [{programs}]")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--compiles", type=int, default=0, metavar="N",
+                     help="list the N tests that spent the most time compiling XLA programs")
+
+
+def pytest_configure(config):
+    top = config.getoption("--compiles")
+    if top > 0:
+        from jax import monitoring
+        report = _Report(top)
+        monitoring.register_event_duration_secs_listener(report.on_duration)
+        monitoring.register_event_listener(report.on_event)
+        config.pluginmanager.register(report, "compile-report")
