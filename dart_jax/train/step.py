@@ -262,6 +262,7 @@ class TrainFunctions:
             if key not in self._cache:
                 if callable(out_shardings):
                     out_shardings = out_shardings(jax.eval_shape(fn, *args))
+                fn.__name__ = fn.__qualname__ = f"train_{name}"  # the program's name in XLA's logs and profiles
                 jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                                  donate_argnums=donate)
                 with jax.set_mesh(self.mesh):
