@@ -32,6 +32,16 @@ class _Report:
         self.current = "(collection)"
         self.charges: dict[str, _Charge] = collections.defaultdict(_Charge)
 
+    def listen(self) -> None:
+        from jax import monitoring
+        monitoring.register_event_duration_secs_listener(self.on_duration)
+        monitoring.register_event_listener(self.on_event)
+
+    def stop(self) -> None:
+        from jax import monitoring
+        monitoring.unregister_event_duration_listener(self.on_duration)
+        monitoring.unregister_event_listener(self.on_event)
+
     def on_duration(self, event: str, seconds: float, **kw) -> None:
         if event == _COMPILE:
             charge = self.charges[self.current]
@@ -66,8 +76,6 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     top = config.getoption("--compiles")
     if top > 0:
-        from jax import monitoring
         report = _Report(top)
-        monitoring.register_event_duration_secs_listener(report.on_duration)
-        monitoring.register_event_listener(report.on_event)
+        report.listen()
         config.pluginmanager.register(report, "compile-report")

@@ -3,7 +3,6 @@ program's compile is charged to the test running, with its name."""
 
 import jax
 import jax.numpy as jnp
-from jax import monitoring
 
 from tests.compile_report import _Report
 
@@ -11,15 +10,13 @@ from tests.compile_report import _Report
 def test_a_compile_is_charged_to_the_running_test_by_program_name():
     report = _Report(top=1)
     report.current = "tests/x.py::test_y"
-    monitoring.register_event_duration_secs_listener(report.on_duration)
-    monitoring.register_event_listener(report.on_event)
+    report.listen()
     try:
         def compile_report_probe(x):
             return jnp.sin(x) * 3.0 + x.shape[0]
         jax.jit(compile_report_probe)(jnp.arange(7.0)).block_until_ready()
     finally:
-        monitoring.unregister_event_duration_listener(report.on_duration)
-        monitoring.unregister_event_listener(report.on_event)
+        report.stop()
     charge = report.charges["tests/x.py::test_y"]
     assert charge.compiles >= 1 and charge.seconds > 0
     assert any("compile_report_probe" in name for name in charge.programs), charge.programs

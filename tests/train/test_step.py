@@ -294,6 +294,11 @@ def test_compiled_step_does_not_grow_with_depth():
     assert abs(sixteen - two) <= 0.01 * two, (two, sixteen)
 
 
+def test_the_step_programs_are_named_for_what_they_do():
+    """XLA's logs, dumps and profiles name the program `jit_train_accumulate`, not a lambda's."""
+    assert _abstract_step(2, "full").as_text().startswith("HloModule jit_train_accumulate")
+
+
 @pytest.mark.parametrize("normalize", ["step", "trajectory"])
 def test_an_rl_update_favours_the_successes_over_the_failures(tiny_dir, group_trajs, normalize):
     """The sign of the whole RL path (plan, advantages, loss, optimizer): after one update on
