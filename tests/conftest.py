@@ -5,6 +5,12 @@ Markers (pyproject.toml): slow, vllm, browser, gpu, tpu, osworld, images. `make 
 test this machine can run; a test whose marker names hardware or a service that is absent
 is skipped with the reason, and pytest's summary (-ra) lists each skip.
 
+`make test` runs the suite on every core (pytest-xdist, `-n`): the tests that start something
+heavy the machine should hold one of at a time (a vLLM engine, Chromium, desktop VMs, namespaced
+hosts, role images, the session's Ray cluster) form one group that one worker runs in order,
+handed out first because it is the longest; every other module goes whole to whichever worker
+is free (its module fixtures are built once).
+
 Randomized tests take the `seed` fixture: `--seed N`, else $DART_TEST_SEED, else a fresh
 one. It is printed in the header and in the report of every failing test that used it,
 so `pytest --seed N` replays a failure exactly.
@@ -75,7 +81,24 @@ HOST_COMMANDS = ("sudo", "mount.nfs", "ip", "unshare", "runuser")
 INSTALLED_BY_MAKE_TEST = ("vllm", "browser", "hosts")
 
 
+# What puts a test in the one-worker group (see the module docstring).
+SERIAL_MARKERS = ("vllm", "browser", "vm", "hosts", "images", "osworld_image", "osworld_eval")
+SERIAL_FIXTURES = ("ray_cluster",)
+SERIAL_GROUP = "serial"
+
+
+def _serial(item) -> bool:
+    return any(item.get_closest_marker(m) for m in SERIAL_MARKERS) or \
+        any(f in getattr(item, "fixturenames", ()) for f in SERIAL_FIXTURES)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:  # a module's tests stay together: its fixtures are built once
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP if _serial(item) else item.nodeid.split("::")[0]))
+        if hasattr(config, "workerinput"):  # the order the controller hands out (--no-loadscope-reorder)
+            items.sort(key=lambda item: not _serial(item))
     cache: dict[str, str | None] = {}
     for item in items:
         for marker in ("gpu", "tpu", "osworld", "vllm", "browser", "images", "hosts"):
@@ -104,6 +127,7 @@ def pytest_configure(config):
     if seed is None:
         seed = int(os.environ.get("DART_TEST_SEED") or random.SystemRandom().randrange(2**32))
     config.stash[_SEED] = seed
+    os.environ["DART_TEST_SEED"] = str(seed)  # the xdist workers, started after this, draw the same
 
 
 def pytest_unconfigure(config):

@@ -20,3 +20,17 @@ def test_a_compile_is_charged_to_the_running_test_by_program_name():
     charge = report.charges["tests/x.py::test_y"]
     assert charge.compiles >= 1 and charge.seconds > 0
     assert any("compile_report_probe" in name for name in charge.programs), charge.programs
+
+
+def test_workers_accounts_add_up_in_the_controller():
+    """Under xdist each worker hands its account over as plain data; the controller sums them."""
+    worker = _Report(top=1)
+    worker.current = "tests/x.py::test_y"
+    worker.on_duration("/jax/core/compile/backend_compile_duration", 2.5, fun_name="train_accumulate")
+    worker.on_event("/jax/compilation_cache/cache_hits")
+    controller = _Report(top=1)
+    controller.add(worker.to_wire())
+    controller.add(worker.to_wire())
+    charge = controller.charges["tests/x.py::test_y"]
+    assert (charge.seconds, charge.compiles, charge.hits) == (5.0, 2, 2)
+    assert charge.programs == {"train_accumulate": 5.0}
