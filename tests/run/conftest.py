@@ -2,9 +2,11 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -52,12 +54,15 @@ def ray_cluster(tmp_path_factory) -> Iterator[str]:
     stand-in); every port chosen now, no dashboard. Yields the head's address. Ray names both
     nodes by the host's own address even when told 127.0.0.1, so that is the address roles on
     them are reached at; nothing leaves this machine. Stopped at the end of the session (the
-    worker node first), this process disconnected first."""
+    worker node first), this process disconnected first. Ray's own files go to a short folder
+    of /tmp: its socket paths must fit AF_UNIX's 107 bytes, which pytest's base folder under an
+    xdist worker (.../pytest-N/popen-gw0/) does not leave room for."""
     tmp = tmp_path_factory.mktemp("ray")
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     port = free_port()
     head = _ray_start(tmp, "head", ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
                                     f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
-                                    f"--resources={json.dumps(NODES['envs'])}", f"--temp-dir={tmp}"])
+                                    f"--resources={json.dumps(NODES['envs'])}", f"--temp-dir={ray_tmp}"])
     nodes = [head]
     try:
         nodes.append(_ray_start(tmp, "rollout", [f"--address=127.0.0.1:{port}", "--num-cpus=2",
@@ -68,3 +73,4 @@ def ray_cluster(tmp_path_factory) -> Iterator[str]:
         ray.shutdown()
         for node in reversed(nodes):
             _ray_stop(node)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
