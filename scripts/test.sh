@@ -7,8 +7,8 @@ start=$(date +%s)
 # what `make test` installed must be there: a test that would skip for want of it stops the run
 export DART_MAKE_TEST=1
 # Two workers (DART_TEST_WORKERS=N for more, 0 for one process): one runs the tests that start
-# engines, browsers, VMs and hosts, in order; the other the rest (tests/conftest.py). More do
-# not help while that group is the longest part.
+# engines, browsers, VMs and hosts, in order; the other the rest (tests/conftest.py). That group
+# bounds the wall time whatever the count (more workers not measured here).
 .venv/bin/python -m pytest -ra --durations=40 -n "${DART_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"
 rc=$?
 echo "make test: pytest exit $rc after $(( $(date +%s) - start )) s"

@@ -5,7 +5,7 @@ Markers (pyproject.toml): slow, vllm, browser, gpu, tpu, osworld, images. `make 
 test this machine can run; a test whose marker names hardware or a service that is absent
 is skipped with the reason, and pytest's summary (-ra) lists each skip.
 
-`make test` runs the suite on every core (pytest-xdist, `-n`): the tests that start something
+`make test` runs the suite on two pytest-xdist workers (scripts/test.sh): the tests that start something
 heavy the machine should hold one of at a time (a vLLM engine, Chromium, desktop VMs, namespaced
 hosts, role images, the session's Ray cluster) form one group that one worker runs in order,
 handed out first because it is the longest; every other module goes whole to whichever worker
