@@ -194,8 +194,9 @@ def _largest(res: dict) -> dict:
 def _case(res: dict) -> dict:
     if res.get("status") != "ok":
         return {"status": res.get("status"), "plan_gib": _gib(res.get("plan_bytes")), **_largest(res)}
+    start = "compile_s" if "compile_s" in res else "warmup_s"  # eager torch compiles nothing
     figures = {"tokens_per_s": _r(res.get("tokens_per_s"), 0), "mfu": _r(res.get("mfu")),
-               "peak_gib": _gib(res.get("peak_bytes")), "compile_s": _r(res.get("compile_s"), 1),
+               "peak_gib": _gib(res.get("peak_bytes")), start: _r(res.get(start), 1),
                "step_s": _r(res.get("step_s")), **_largest(res)}
     if profile := res.get("profile"):  # where the step's time went: seconds a step by kind
         figures["profile"] = {"error": profile["error"]} if "error" in profile else {
