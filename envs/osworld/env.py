@@ -166,12 +166,17 @@ def to_pyautogui(action: Action) -> str:
 
 def _type_command(content: str) -> str:
     """Paste through the clipboard (as UI-TARS' OSWorld agent does: any characters),
-    then Enter for a trailing newline."""
+    then Enter for a trailing newline. The paste waits (5 s at most) until the clipboard
+    gives the text back: pyperclip's copy returns before the clipboard's new owner (a forked
+    xclip) holds it, and under TCG a Ctrl+V sent at once pasted nothing in gnome-terminal
+    (1 paste of 3 here)."""
     text, enter = content.rstrip("\n"), content.endswith("\n")
-    parts = [f"import pyperclip; pyperclip.copy({text!r}); pyautogui.hotkey('ctrl', 'v'); time.sleep(0.5)"] if text else []
+    lines = [f"import pyperclip; pyperclip.copy({text!r}); until = time.time() + 5",
+             f"while pyperclip.paste() != {text!r} and time.time() < until: time.sleep(0.1)",
+             "pyautogui.hotkey('ctrl', 'v'); time.sleep(0.5)"] if text else []
     if enter:
-        parts.append("pyautogui.press('enter')")
-    return "; ".join(parts) or "pass"
+        lines.append("pyautogui.press('enter')")
+    return "\n".join(lines) or "pass"
 
 
 def _px(point) -> tuple[int, int]:

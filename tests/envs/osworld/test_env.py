@@ -45,8 +45,9 @@ DESKTOP = (1920, 1080)
      "pyautogui.moveTo(0, 0); pyautogui.dragTo(960, 540, duration=0.5, button='left')"),
     ("Action: hotkey(key='ctrl alt t')", "pyautogui.hotkey('ctrl', 'alt', 't')"),
     ("Action: hotkey(key='cmd space')", "pyautogui.hotkey('win', 'space')"),
-    ("Action: type(content='x\\n')", "import pyperclip; pyperclip.copy('x'); pyautogui.hotkey('ctrl', 'v'); "
-                                      "time.sleep(0.5); pyautogui.press('enter')"),
+    ("Action: type(content='x\\n')", "import pyperclip; pyperclip.copy('x'); until = time.time() + 5\n"
+                                      "while pyperclip.paste() != 'x' and time.time() < until: time.sleep(0.1)\n"
+                                      "pyautogui.hotkey('ctrl', 'v'); time.sleep(0.5)\npyautogui.press('enter')"),
     ("Action: type(content='\\n')", "pyautogui.press('enter')"),
     ("Action: scroll(start_box='(966,546)', direction='down')", "pyautogui.scroll(-5, x=960, y=540)"),
     ("Action: scroll(direction='left')", "pyautogui.hscroll(5)"),
@@ -59,8 +60,11 @@ def test_ui_tars_to_pyautogui(text, command):
 def test_typed_text_cannot_escape_its_literal():
     nasty = "'); import os; os.system('rm -rf /'); ('\\\"\n"
     command = to_pyautogui(Action(kind="type", content=nasty + "z"))
-    literal = command.split("pyperclip.copy(")[1].split("); pyautogui.hotkey")[0]
-    assert eval(literal, {"__builtins__": {}}) == nasty + "z"  # a plain string literal, nothing else
+    copied = command.split("pyperclip.copy(")[1].split("); until = ")[0]
+    awaited = command.split("pyperclip.paste() != ")[1].split(" and time.time() < until")[0]
+    for literal in (copied, awaited):
+        assert eval(literal, {"__builtins__": {}}) == nasty + "z"  # a plain string literal, nothing else
+    compile(command, "<type>", "exec")  # and the whole is one program
 
 
 def test_vm_client_against_a_fake_vm(fake_vm):
