@@ -37,7 +37,9 @@ SETUP_STEPS = {"execute", "command", "execute_with_verification", "launch", "sle
                "activate_window", "close_window", "upload_file", "download", "chrome_open_tabs",
                "chrome_close_tabs"}
 GETTERS = {"vm_command_line", "vm_command_error", "vm_file", "rule", "cloud_file", "cache_file"}
-_UNTIL_TRIES, _UNTIL_PAUSE_S = 100, 0.3
+# an `execute` step with `until` repeats, 0.3 s apart, for this long at most: an application's
+# start under TCG (GIMP's first in a profile: 110 s here, 50 s once its profile exists)
+UNTIL_S, _UNTIL_PAUSE_S = 240.0, 0.3
 BROWSER_WAIT_S = 60.0  # a browser the task's setup launched takes this long at most to answer
 
 
@@ -84,15 +86,17 @@ class Runner:
     def _execute(self, command, shell: bool = False, until: dict | None = None,
                  stdout: str = "", stderr: str = "") -> None:
         command = self._placeholders(command)
-        for _ in range(_UNTIL_TRIES if until else 1):
+        deadline = time.monotonic() + UNTIL_S
+        while True:
             result = self.vm.post_json("/setup/execute", {"command": command, "shell": shell})
             for name, key in ((stdout, "output"), (stderr, "error")):
                 if name:
                     self._cache_path(name).write_text(str(result.get(key) or ""))
             if not until or _until_met(until, result):
                 return
+            if time.monotonic() > deadline:
+                raise EnvError(f"setup command {command!r} never met {until} in {UNTIL_S:.0f} s")
             time.sleep(_UNTIL_PAUSE_S)
-        raise EnvError(f"setup command {command!r} never met {until}")
 
     _command = _execute
 

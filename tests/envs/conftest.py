@@ -87,12 +87,13 @@ async def desktop_env(endpoint: str) -> AsyncIterator:
 
 
 class FakeVM:
-    """What OSWorld's in-VM server answers: /screenshot, /accessibility, /execute."""
+    """What OSWorld's in-VM server answers: /screenshot, /accessibility, /execute (its
+    output: the next of `outputs` while there are any, else empty)."""
 
     def __init__(self, size=(1920, 1080)):
         buf = io.BytesIO()
         Image.new("RGB", size, "navy").save(buf, "PNG")
-        self.png, self.commands = buf.getvalue(), []
+        self.png, self.commands, self.outputs = buf.getvalue(), [], []
         vm = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -111,7 +112,8 @@ class FakeVM:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path in ("/execute", "/setup/execute"):
                     vm.commands.append(body["command"])
-                    self._send(200, json.dumps({"status": "success", "output": "", "error": ""}).encode(),
+                    output = vm.outputs.pop(0) if vm.outputs else ""
+                    self._send(200, json.dumps({"status": "success", "output": output, "error": ""}).encode(),
                                "application/json")
                 else:
                     self._send(404, b"not found", "text/plain")

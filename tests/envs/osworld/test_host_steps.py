@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
 from dart_jax.wire import process_groups
 from envs.config import OSWorldSlots
-from envs.osworld import cdp
+from envs.osworld import cdp, evaluation
 from envs.osworld.evaluation import Runner
 from envs.osworld.env import OSWorldEnv, VMClient
 from envs.osworld.files import FileCache
@@ -171,3 +172,19 @@ def test_the_sidecar_finds_the_tasks_host_files_where_osworlds_getters_look(cach
         assert env.evaluate() == 1.0
     finally:
         env.close()
+
+
+def test_an_until_step_repeats_until_its_output_shows_and_gives_up_after_its_time(tmp_path, fake_vm, monkeypatch):
+    """`execute` with `until` (as OSWorld's setups wait for a window): asked again while the
+    output lacks the text, done once it has it; an EnvError naming the step after UNTIL_S."""
+    runner = Runner(VMClient(fake_vm.url, timeout_s=5), (1280, 800), tmp_path / "episode", "")
+    step = {"type": "execute", "parameters": {"command": ["wmctrl", "-l"], "until": {"stdout": "[dot] (imported)"}}}
+    fake_vm.outputs = ["", "0x1 0 dart-vm GNU Image Manipulation Program",
+                       "0x1 0 dart-vm [dot] (imported)-1.0 (RGB color 8-bit) 64x48 – GIMP"]
+    runner.setup([step])
+    assert fake_vm.commands == [["wmctrl", "-l"]] * 3
+    monkeypatch.setattr(evaluation, "UNTIL_S", 1.0)
+    start = time.monotonic()
+    with pytest.raises(EnvError, match=r"never met \{'stdout': '\[dot\] \(imported\)'\} in 1 s"):
+        runner.setup([step])
+    assert 1.0 <= time.monotonic() - start < 10
