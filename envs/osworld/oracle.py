@@ -148,6 +148,66 @@ def _vm_vlc_play_file(instruction, elements, obs, history):
     return Action(kind="wait", thought="The open dialog is on its way.")
 
 
+EXPORT_AS = ("ctrl", "shift", "e")
+
+
+def _since(history: list[Action], opener: tuple[str, ...]) -> list[Action]:
+    """The actions after the last `opener` hotkey (all of them where there was none)."""
+    for i in range(len(history) - 1, -1, -1):
+        if history[i].kind == "hotkey" and history[i].keys == opener:
+            return history[i + 1:]
+    return history
+
+
+def _vm_gimp_png_to_jpg(instruction, elements, obs, history):
+    """GIMP's image window is titled "[dot] (imported)-1.0 (...) 64x48 – GIMP" until the
+    image is exported, "(exported)" after. Its Export Image dialog selects only the name's
+    stem ("dot" of dot.png), so the expert selects the whole name before typing the path;
+    the options dialog of the type the name gives ("Export Image as JPEG") exports on Enter.
+    Options of another type mean the name did not take: cancel them and that dialog, and
+    start over."""
+    windows = _windows(elements)
+    image = next((w for w in windows if w.label.startswith("[dot] (")), None)
+    if image is None:
+        return _give_up("The image editor has no picture open.")
+    if image.label.startswith("[dot] (exported)"):
+        return Action(kind="finished", thought="The picture is exported as dot.jpg.")
+    options = next((w for w in windows if w.label.startswith("Export Image as ")), None)
+    if options is not None and options.label == "Export Image as JPEG":
+        return Action(kind="hotkey", keys=("enter",), thought="Export with the JPEG options as they are.")
+    if options is not None:
+        return Action(kind="hotkey", keys=("esc",), thought="Not a JPEG: cancel these options.")
+    dialog = next((w for w in windows if w.label == "Export Image"), None)
+    if dialog is None:
+        if image.focused:
+            return Action(kind="hotkey", keys=EXPORT_AS, thought="Export the picture under a new name.")
+        return Action(kind="wait", thought="A dialog is opening.")
+    if not dialog.focused:
+        return Action(kind="wait", thought="The export dialog is opening.")
+    done = _since(history, EXPORT_AS)
+    if any(a.kind == "hotkey" and a.keys == ("esc",) for a in done):
+        return Action(kind="hotkey", keys=("esc",), thought="Close this dialog and export again.")
+    if any(a.kind == "type" for a in done):
+        return Action(kind="hotkey", keys=("enter",), thought="The dialog has the name; confirm it.")
+    if any(a.kind == "hotkey" and a.keys == ("ctrl", "a") for a in done):
+        return Action(kind="type", content="/home/user/Pictures/dot.jpg\n", thought="Name the file and confirm.")
+    return Action(kind="hotkey", keys=("ctrl", "a"), thought="Select the whole name.")
+
+
+def _vm_multi_terminal_opens_writer(instruction, elements, obs, history):
+    """Start Writer on the file from the terminal (once), then save it as Writer's own
+    document: the LibreOffice expert's Save As."""
+    windows = _windows(elements)
+    command = "libreoffice --writer ~/Documents/notes.txt &"
+    if not any("LibreOffice" in w.label for w in windows):
+        if any(a.kind == "type" and a.content.startswith(command) for a in history):
+            return Action(kind="wait", thought="The word processor is starting.")
+        if not any(w.label.startswith("user@dart-vm: ") for w in windows):
+            return _give_up("No terminal is open.")
+        return Action(kind="type", content=command + "\n", thought="Open the notes in the word processor.")
+    return _libreoffice_save_as(elements, history, "Writer", "/home/user/Documents/notes.odt")
+
+
 def _vm_infeasible(instruction, elements, obs, history):
     return Action(kind="call_user", thought="No screen can show 16K here: the task is infeasible.")
 
@@ -161,4 +221,6 @@ SOLVERS: dict[str, Callable[[str, list[Element], Observation, list[Action]], Act
     "impress-new-odp": _vm_impress_new_odp,
     "os-terminal-move-txt": _vm_os_terminal_move_txt,
     "vlc-play-file": _vm_vlc_play_file,
+    "gimp-png-to-jpg": _vm_gimp_png_to_jpg,
+    "multi-terminal-opens-writer": _vm_multi_terminal_opens_writer,
 }

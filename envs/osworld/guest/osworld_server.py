@@ -356,9 +356,21 @@ def platform_name():
 
 @app.route("/terminal", methods=["GET"])
 def terminal():
-    # OSWorld reads gnome-terminal's text through AT-SPI; this desktop's xterm has no
-    # accessibility, so there is never an active terminal to read.
-    return jsonify({"output": None, "status": "success"})
+    """gnome-terminal's text, read through AT-SPI as OSWorld reads it: the focused terminal
+    of gnome-terminal's active window, trailing blanks stripped; null where no terminal or
+    more than one qualifies (xterm, the small image's terminal, has no accessibility)."""
+    import pyatspi
+    deadline = time.monotonic() + A11Y_DEADLINE_S
+    active, focused = f"{{{NS['st']}}}active", f"{{{NS['st']}}}focused"
+    found = []
+    for application in pyatspi.Registry.getDesktop(0):
+        if application is not None and application.name == "gnome-terminal-server":
+            tree = _a11y_node(application, 1, deadline)
+            for frame in tree.findall("frame"):
+                if frame.get(active) == "true":
+                    found += [t for t in frame.iter("terminal") if t.get(focused) == "true"]
+    output = (found[0].text or "").rstrip() if len(found) == 1 else None
+    return jsonify({"output": output, "status": "success"})
 
 
 # ---- windows ----------------------------------------------------------------------------

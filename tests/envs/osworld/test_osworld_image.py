@@ -6,6 +6,7 @@ oracle through the env server and scored 1 by envs/osworld/evaluation.py, 0 left
 scores it."""
 
 import base64
+import json
 import urllib.request
 
 import pytest
@@ -25,7 +26,9 @@ FAST_PATH_TASKS = [name for name in DOMAIN_TASKS if not evaluation.unsupported(b
 
 def test_the_osworld_image_has_a_task_per_application_domain():
     apps = {app for name in DOMAIN_TASKS for app in bundled_tasks("osworld")[name]["related_apps"]}
-    assert {"libreoffice_calc", "libreoffice_writer", "libreoffice_impress", "os", "vlc"} <= apps
+    assert {"libreoffice_calc", "libreoffice_writer", "libreoffice_impress", "os", "vlc", "gimp"} <= apps
+    # a task of several applications, as OSWorld's multi_apps domain has
+    assert any(bundled_tasks("osworld")[name]["snapshot"] == "multi_apps" for name in DOMAIN_TASKS)
 
 
 def test_a_domain_task_is_refused_on_slots_of_the_small_image():
@@ -112,3 +115,31 @@ def test_the_images_settings_take_effect_in_the_guest(osworld_vm_server):
         "systemctl --global is-enabled tracker-miner-fs-3.service tracker-extract-3.service; "
         "xset -display :0 q | grep timeout")})["output"]
     assert shell.split()[:4] == ["masked", "masked", "timeout:", "0"], shell
+
+
+@pytest.mark.vm
+@pytest.mark.osworld_image
+def test_the_terminal_route_reads_the_focused_gnome_terminal(osworld_vm_server):
+    """/terminal (OSWorld's route) reads gnome-terminal's text through AT-SPI: null on the
+    desktop without one, the prompt once the os task's setup started one, and the command
+    the oracle typed after its episode."""
+    envs, endpoint = osworld_vm_server
+
+    def terminal(env) -> str | None:
+        with urllib.request.urlopen(envs.slots[env.slot].env.vm.url + "/terminal", timeout=60) as reply:
+            return json.loads(reply.read())["output"]
+
+    async def main():
+        async with desktop_env(endpoint) as env:
+            await env.reset(spec("osworld", "os-infeasible-16k"))
+            bare = terminal(env)
+            task = spec("osworld", "os-terminal-move-txt")
+            await env.reset(task)
+            started = terminal(env)
+            solved = await oracle_episode(env, task, max_steps=25)
+            return bare, started, solved.reward, terminal(env)
+
+    bare, started, reward, after = run(main())
+    assert bare is None and reward == 1.0
+    assert started.endswith("user@dart-vm:~$") and "mv" not in started, started
+    assert "mv ~/inbox/*.txt ~/archive/" in after and after.endswith("user@dart-vm:~/archive$"), after
