@@ -21,8 +21,8 @@ output; recomputation not counted; peak by the device's name), peak device memor
 memory_stats / torch max_memory_allocated; on CPU, XLA's memory analysis of our compiled
 step), compile time for ours (the accumulate step's compile, done ahead so that XLA's memory
 plan is printed even when the step does not fit: `plan_bytes`, plus the first step minus a
-steady one); eager torch compiles nothing: `warmup_s` is its first step minus a steady one. With `--profile`, two more steps of each are traced: where the time goes, by
-operation and kind (benchmarks/gpu/op_profile.py); with `--memory`, the largest buffers of
+steady one); eager torch compiles nothing: `warmup_s` is its first step minus a steady one.
+With `--profile`, two more steps of each are traced: where the time goes, by operation and kind (benchmarks/gpu/op_profile.py); with `--memory`, the largest buffers of
 XLA's plan of our step, printed before it runs (benchmarks/gpu/memory_plan.py). The last
 line is JSON with every figure and the machine.
 """

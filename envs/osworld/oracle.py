@@ -22,14 +22,17 @@ def _windows(elements: list[Element]) -> list[Element]:
     return [e for e in elements if e.role == "window"]
 
 
+def _since(history: list[Action], opener: tuple[str, ...]) -> list[Action]:
+    """The actions after the last `opener` hotkey (all of them where there was none)."""
+    for i in range(len(history) - 1, -1, -1):
+        if history[i].kind == "hotkey" and history[i].keys == opener:
+            return history[i + 1:]
+    return history
+
+
 def _named_in_this_dialog(history: list[Action], path: str, opener: tuple[str, ...]) -> bool:
     """Whether `path` was typed since the last `opener` hotkey (the one that opens the dialog)."""
-    for a in reversed(history):
-        if a.kind == "type" and a.content.rstrip("\n") == path:
-            return True
-        if a.kind == "hotkey" and a.keys == opener:
-            return False
-    return False
+    return any(a.kind == "type" and a.content.rstrip("\n") == path for a in _since(history, opener))
 
 
 def _name_the_file(history: list[Action], path: str, opener: tuple[str, ...]) -> Action:
@@ -149,14 +152,6 @@ def _vm_vlc_play_file(instruction, elements, obs, history):
 
 
 EXPORT_AS = ("ctrl", "shift", "e")
-
-
-def _since(history: list[Action], opener: tuple[str, ...]) -> list[Action]:
-    """The actions after the last `opener` hotkey (all of them where there was none)."""
-    for i in range(len(history) - 1, -1, -1):
-        if history[i].kind == "hotkey" and history[i].keys == opener:
-            return history[i + 1:]
-    return history
 
 
 def _vm_gimp_png_to_jpg(instruction, elements, obs, history):
