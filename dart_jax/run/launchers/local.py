@@ -86,9 +86,10 @@ class LocalProcess:
         self.proc.wait()
         self._remove_tmp()
 
-    def _remove_tmp(self) -> None:
-        """The instance's temporary directory, once no process of its group is left to use it."""
-        if not process_groups.group_pids(self.pid):
+    def _remove_tmp(self, wait_s: float = 5.0) -> None:
+        """The instance's temporary directory, once no process of its group is left to use it
+        (a child SIGKILLed with its group is still dying for a moment after its leader is reaped)."""
+        if process_groups.wait_gone(self.pid, wait_s):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
