@@ -1,7 +1,7 @@
 """OSWorld's own tasks from a user's checkout of OSWorld: loading, what this host can run
 offline and why not the rest, the file cache's filling, a train / held-out split.
 
-    python -m envs.osworld.catalog list CHECKOUT [--image desktop|osworld] [--cache DIR]
+    python -m envs.osworld.catalog list CHECKOUT [--image desktop|osworld] [--sidecar] [--cache DIR]
                                     [--index test_all.json] [--split OUT_DIR] [--heldout 0.2]
     python -m envs.osworld.catalog fill CHECKOUT --cache DIR [--index test_all.json]
 
@@ -12,8 +12,9 @@ is the checkout).
 
 A task runs offline on an image when it needs neither a Google account nor the live web,
 the image has its applications, every setup step, getter and metric it uses is in
-envs/osworld/evaluation.py, and (given a cache) every file it fetches on the host is in
-the cache. The listing gives the first reason that fails, in that order. The split is by
+envs/osworld/evaluation.py (with `--sidecar`, as env slots with `eval_sidecar` run: only its
+setup steps, for desktop-env scores the rest), and (given a cache) every file it fetches on
+the host is in the cache. The listing gives the first reason that fails, in that order. The split is by
 a hash of the task's id, so a task keeps its side whatever the image or the cache.
 """
 
@@ -45,6 +46,7 @@ ACCOUNT_STEPS, ACCOUNT_GETTERS = {"googledrive", "login"}, {"googledrive_file"}
 WEB_GETTERS = {"active_url_from_accessTree", "active_tab_html_parse", "active_tab_info", "active_tab_url_parse",
                "open_tabs_info", "url_dashPart", "page_info", "info_from_website", "pdf_from_url",
                "gotoRecreationPage_and_get_html_content"}
+URL = re.compile(r"https?://[^\s\"']+")
 REASONS = ("google account", "live web", "missing app", "evaluator", "file not cached")
 
 
@@ -57,8 +59,10 @@ def apps_needed(domain: str, example: dict) -> set[str]:
     return {APP_NAMES.get(a.lower(), a.lower()) for a in named}
 
 
-def why_not(domain: str, example: dict, apps: frozenset[str], cache: FileCache | None = None) -> tuple[str, str] | None:
-    """(reason, detail) of the first thing that keeps the task off this image offline, or None."""
+def why_not(domain: str, example: dict, apps: frozenset[str], cache: FileCache | None = None,
+            sidecar: bool = False) -> tuple[str, str] | None:
+    """(reason, detail) of the first thing that keeps the task off this image offline, or None;
+    with `sidecar`, desktop-env's evaluator scores (the env's `eval_sidecar`)."""
     evaluator = example["evaluator"]
     steps = [s for s in list(example.get("config") or []) + list(evaluator.get("postconfig") or [])
              if isinstance(s, dict)]
@@ -68,11 +72,15 @@ def why_not(domain: str, example: dict, apps: frozenset[str], cache: FileCache |
         return "google account", ", ".join(account)
     tabs = [u for s in steps if s.get("type") == "chrome_open_tabs"
             for u in _as_list((s.get("parameters") or {}).get("urls_to_open")) if str(u).startswith("http")]
-    if tabs or kinds[1] & WEB_GETTERS:
-        return "live web", ", ".join(tabs[:1] + sorted(kinds[1] & WEB_GETTERS))
+    # pages the agent is told to visit, or that the expected answer names (a clone, a stream,
+    # the authors' homepages to bookmark)
+    visits = URL.findall(str(example.get("instruction", ""))) + \
+        URL.findall(json.dumps([g for g in getters if g.get("type") == "rule"]))
+    if tabs or kinds[1] & WEB_GETTERS or visits:
+        return "live web", ", ".join((tabs + visits)[:1] + sorted(kinds[1] & WEB_GETTERS))
     if missing := sorted(apps_needed(domain, example) - apps):
         return "missing app", ", ".join(missing)
-    if missing := evaluation.unsupported(example):
+    if missing := evaluation.unsupported(example, evaluator=not sidecar):
         return "evaluator", ", ".join(missing)
     if cache is not None and (missing := cache.missing(task_urls(example))):
         return "file not cached", f"{len(missing)} file(s), first {missing[0][:120]}"
@@ -90,10 +98,11 @@ class Listing:
     need_files: collections.Counter  # domain -> tasks that fetch files on the host
 
 
-def listing(checkout: Checkout, index: str, apps: frozenset[str], cache: FileCache | None) -> Listing:
+def listing(checkout: Checkout, index: str, apps: frozenset[str], cache: FileCache | None,
+            sidecar: bool = False) -> Listing:
     out = Listing(collections.defaultdict(collections.Counter), {}, collections.Counter())
     for domain, example in checkout.tasks(index):
-        verdict = why_not(domain, example, apps, cache)
+        verdict = why_not(domain, example, apps, cache, sidecar)
         out.by_domain[domain]["runs" if verdict is None else verdict[0]] += 1
         out.verdicts[f"{domain}/{example['id']}"] = "runs" if verdict is None else ": ".join(verdict)
         out.need_files[domain] += bool(task_urls(example))
@@ -153,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("checkout", type=Path)
         p.add_argument("--index", default="test_all.json")
     show.add_argument("--image", choices=sorted(image.APPS), default="desktop")
+    show.add_argument("--sidecar", action="store_true",
+                      help="OSWorld's own evaluator scores (env slots with eval_sidecar): only setup steps count")
     show.add_argument("--cache", type=Path, help="count tasks whose files are missing from this cache as not runnable")
     show.add_argument("--split", type=Path, help="write train.json, heldout.json, tasks.jsonl, verdicts.json here")
     show.add_argument("--heldout", type=float, default=0.2)
@@ -169,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if failed else 0
         if not 0 <= args.heldout < 1:
             parser.error("--heldout is a fraction in [0, 1)")
-        result = listing(checkout, args.index, image.APPS[args.image], FileCache(args.cache) if args.cache else None)
+        result = listing(checkout, args.index, image.APPS[args.image], FileCache(args.cache) if args.cache else None,
+                         args.sidecar)
         print(table(result))
         if args.split:
             sizes = write_split(result, args.split, args.heldout)

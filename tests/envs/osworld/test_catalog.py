@@ -28,6 +28,9 @@ TASKS = {
     "chrome": [_task("chrome-web", func="is_expected_tabs", result={"type": "open_tabs_info"},
                      config=[{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.org"]}}])],
     "multi_apps": [_task("multi-drive", config=[{"type": "googledrive", "parameters": {"settings_file": "x"}}]),
+                   dict(_task("multi-clone"), instruction="Clone https://github.com/x/y into /home/user."),
+                   _task("multi-bookmark", func="is_expected_bookmarks", result={"type": "bookmarks"},
+                         expected={"type": "rule", "rules": {"urls": [["https://jimfan.me/"]]}}),
                    _task("multi-calc", apps=["libreoffice calc", "os"])],
     "gimp": [_task("gimp-app", func="exact_match", result={"type": "rule", "rules": {"expected": 1}},
                    expected={"type": "rule", "rules": {"expected": 1}})],
@@ -56,6 +59,8 @@ def test_the_listing_says_per_image_what_runs_and_why_not(checkout):
         "os/os-metric": "evaluator: metric 'compare_table'",
         "chrome/chrome-web": "live web: https://example.org, open_tabs_info",
         "multi_apps/multi-drive": "google account: googledrive",
+        "multi_apps/multi-clone": "live web: https://github.com/x/y",
+        "multi_apps/multi-bookmark": "live web: https://jimfan.me/",
         "multi_apps/multi-calc": "missing app: libreoffice_calc",
         "gimp/gimp-app": "missing app: gimp"}
     apps = catalog.listing(checkout, "test_all.json", catalog.image.APPS["osworld"], None)
@@ -64,7 +69,21 @@ def test_the_listing_says_per_image_what_runs_and_why_not(checkout):
     table = catalog.table(small).splitlines()
     assert table[0].startswith("| domain | tasks | runs offline | google account | live web | missing app |")
     assert "| os | 2 | 1 | 0 | 0 | 0 | 1 | 0 | 0 |" in table
-    assert table[-1].startswith("| total | 6 | 1 | 1 | 1 | 2 | 1 |")
+    assert table[-1].startswith("| total | 8 | 1 | 1 | 3 | 2 | 1 |")
+
+
+def test_with_the_sidecar_only_the_setup_steps_the_host_runs_count(checkout):
+    """desktop-env scores compare_table; a setup step the env server lacks still keeps a task off."""
+    examples = checkout.root / "evaluation_examples" / "examples" / "os"
+    (examples / "os-history.json").write_text(json.dumps(_task("os-history", func="compare_table", config=[
+        {"type": "update_browse_history", "parameters": {"history": []}}])))
+    (checkout.root / "evaluation_examples" / "test_os.json").write_text(json.dumps(
+        {"os": ["os-runs", "os-metric", "os-history"]}))
+    fast = catalog.listing(checkout, "test_os.json", catalog.image.APPS["osworld"], None)
+    side = catalog.listing(checkout, "test_os.json", catalog.image.APPS["osworld"], None, sidecar=True)
+    assert fast.verdicts["os/os-metric"] == "evaluator: metric 'compare_table'"
+    assert side.verdicts == {"os/os-runs": "runs", "os/os-metric": "runs",
+                             "os/os-history": "evaluator: setup step 'update_browse_history'"}
 
 
 def test_the_split_is_by_id_hash_and_written_as_osworld_indexes_and_task_specs(checkout, tmp_path):
