@@ -12,8 +12,11 @@ subset, with the official semantics:
   OSWorld does), chrome_open_tabs / chrome_close_tabs (over the browser's DevTools port,
   from the host: envs/osworld/cdp.py);
 - result / expected getters: vm_command_line, vm_command_error, vm_file, rule, cloud_file
-  (from the file cache), cache_file (a file of the episode's cache);
-- metrics: exact_match, check_include_exclude, literal_match, is_in_list, infeasible;
+  (from the file cache), cache_file (a file of the episode's cache), open_tabs_info (the
+  browser's tabs over DevTools: their URLs, and titles where loaded; OSWorld's waits for each
+  page to load, which only its title needs);
+- metrics: exact_match, check_include_exclude, literal_match, is_in_list, is_expected_tabs,
+  infeasible;
   several metrics combine with `conj` and / or.
 
 A task using anything else is refused at reset (`unsupported`), never scored wrongly.
@@ -36,7 +39,7 @@ from envs.types import EnvError, TaskError
 SETUP_STEPS = {"execute", "command", "execute_with_verification", "launch", "sleep", "open",
                "activate_window", "close_window", "upload_file", "download", "chrome_open_tabs",
                "chrome_close_tabs"}
-GETTERS = {"vm_command_line", "vm_command_error", "vm_file", "rule", "cloud_file", "cache_file"}
+GETTERS = {"vm_command_line", "vm_command_error", "vm_file", "rule", "cloud_file", "cache_file", "open_tabs_info"}
 # an `execute` step with `until` repeats, 0.3 s apart, for this long at most: an application's
 # start under TCG (GIMP's first in a profile: 110 s here, 50 s once its profile exists)
 UNTIL_S, _UNTIL_PAUSE_S = 240.0, 0.3
@@ -219,6 +222,8 @@ class Runner:
             return str(path) if path.is_file() else None
         if kind == "cloud_file":
             return self._cloud_file(getter)
+        if kind == "open_tabs_info":
+            return [{"title": t.get("title", ""), "url": t["url"]} for t in self._browser().tabs()]
         if kind in ("vm_command_line", "vm_command_error"):
             reply = self.vm.post_json("/execute", {"command": getter["command"], "shell": getter.get("shell", False)})
             return reply.get("output" if kind == "vm_command_line" else "error")
@@ -285,6 +290,16 @@ def is_in_list(result: Any, rules: dict, **_: Any) -> float:
     return float(rules["expected"] in result) if result is not None else 0.0
 
 
+def is_expected_tabs(open_tabs: list[dict] | None, rule: dict, **_: Any) -> float:
+    """OSWorld's (metrics/chrome.py): with rule type "url", the open tabs' URLs and the
+    expected ones are the same length and each expected URL is among the open ones."""
+    if rule.get("type") != "url" or open_tabs is None:
+        return 0.0
+    urls = [tab["url"] for tab in open_tabs]
+    return float(len(urls) == len(rule["urls"]) and all(any(same_url(want, url) for url in urls)
+                                                        for want in rule["urls"]))
+
+
 def check_include_exclude(result: Any, rules: dict, **_: Any) -> float:
     if result is None:
         return 0.0
@@ -294,6 +309,7 @@ def check_include_exclude(result: Any, rules: dict, **_: Any) -> float:
 
 METRICS: dict[str, Callable[..., float]] = {
     "exact_match": exact_match, "literal_match": literal_match, "is_in_list": is_in_list,
-    "check_include_exclude": check_include_exclude, "infeasible": lambda *a, **k: 0.0,
+    "check_include_exclude": check_include_exclude, "is_expected_tabs": is_expected_tabs,
+    "infeasible": lambda *a, **k: 0.0,
 }
 

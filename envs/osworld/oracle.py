@@ -203,6 +203,28 @@ def _vm_multi_terminal_opens_writer(instruction, elements, obs, history):
     return _libreoffice_save_as(elements, history, "Writer", "/home/user/Documents/notes.odt")
 
 
+ADDRESS_BAR = ("ctrl", "l")
+
+
+def _vm_chrome_open_local_page(instruction, elements, obs, history):
+    """Chromium's title is the page's before " - Chromium" ("New Tab" at the start): focus
+    the address bar, type the file's URL, and wait for the title; a page still not shown a
+    few observations after its URL went in is asked for again."""
+    browser = next((w for w in _windows(elements) if w.label.endswith(" - Chromium")), None)
+    if browser is None:
+        return _give_up("The browser is not open.")
+    if browser.label == "Recipes - Chromium":
+        return Action(kind="finished", thought="The recipes page is the open tab.")
+    done = _since(history, ADDRESS_BAR)
+    typed = [i for i, a in enumerate(done) if a.kind == "type"]
+    if typed and len(done) - typed[-1] <= 4:
+        return Action(kind="wait", thought="The page is loading.")
+    if done is not history and not typed:
+        return Action(kind="type", content="file:///home/user/Documents/recipes.html\n",
+                      thought="Go to the page's file URL.")
+    return Action(kind="hotkey", keys=ADDRESS_BAR, thought="Focus the address bar.")
+
+
 def _vm_infeasible(instruction, elements, obs, history):
     return Action(kind="call_user", thought="No screen can show 16K here: the task is infeasible.")
 
@@ -218,4 +240,5 @@ SOLVERS: dict[str, Callable[[str, list[Element], Observation, list[Action]], Act
     "vlc-play-file": _vm_vlc_play_file,
     "gimp-png-to-jpg": _vm_gimp_png_to_jpg,
     "multi-terminal-opens-writer": _vm_multi_terminal_opens_writer,
+    "chrome-open-local-page": _vm_chrome_open_local_page,
 }

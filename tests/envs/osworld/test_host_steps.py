@@ -55,13 +55,29 @@ def test_chrome_tabs_open_and_close_over_devtools(chromium, tmp_path):
     a, b = _page(tmp_path, "a.html"), _page(tmp_path, "b.html") + "#part"
     runner.setup([{"type": "chrome_open_tabs", "parameters": {"urls_to_open": [a, b]}}])
     assert sorted(t["url"] for t in browser.tabs()) == [a, b]  # the blank tab went after the first
+    evaluator = {"func": "is_expected_tabs", "result": {"type": "open_tabs_info"},
+                 "expected": {"type": "rule", "rules": {"type": "url", "urls": [b, a]}}}
+    assert runner.evaluate(evaluator, None) == 1.0  # the open_tabs_info getter, OSWorld's metric
     runner.setup([{"type": "chrome_close_tabs", "parameters": {"urls_to_close": [a, "file:///nowhere.html"]}}])
     assert [t["url"] for t in browser.tabs()] == [b]
+    [tab] = runner._get(evaluator["result"])
+    assert tab["url"] == b and isinstance(tab["title"], str)  # the page's title once loaded, a stand-in before
+    assert runner.evaluate(evaluator, None) == 0.0  # one tab of the two
     with pytest.raises(EnvError, match="no browser answered"):
         cdp.DevTools(f"http://127.0.0.1:{free_port()}", timeout_s=1).wait(1)
     with pytest.raises(TaskError, match="DevTools"):
         Runner(None, (1280, 800), tmp_path, "").setup([{"type": "chrome_open_tabs",
                                                          "parameters": {"urls_to_open": [a]}}])
+
+
+def test_expected_tabs_as_osworld_checks_them():
+    tabs = [{"title": "A", "url": "https://www.example.org/"}, {"title": "B", "url": "file:///home/user/b.html"}]
+    rule = {"type": "url", "urls": ["file:///home/user/b.html", "https://example.org"]}
+    assert evaluation.is_expected_tabs(tabs, rule) == 1.0
+    assert evaluation.is_expected_tabs(tabs[:1], rule) == 0.0  # a tab missing
+    assert evaluation.is_expected_tabs(tabs + tabs[:1], rule) == 0.0  # a tab too many
+    assert evaluation.is_expected_tabs(tabs, {"type": "title", "urls": []}) == 0.0  # OSWorld knows url alone
+    assert evaluation.is_expected_tabs(None, rule) == 0.0
 
 
 def test_urls_compare_as_osworld_compares_them():
