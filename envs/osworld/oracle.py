@@ -225,6 +225,43 @@ def _vm_chrome_open_local_page(instruction, elements, obs, history):
     return Action(kind="hotkey", keys=ADDRESS_BAR, thought="Focus the address bar.")
 
 
+NEW_MESSAGE, CLOSE = ("ctrl", "n"), ("ctrl", "w")
+
+
+def _vm_thunderbird_save_draft(instruction, elements, obs, history):
+    """Thunderbird's compose window is titled "Write: <subject> - Thunderbird" and opens with
+    the To field focused; Alt+S focuses the subject. Closing it with Ctrl+W asks "Save
+    Message" (to the drafts folder), whose default button saves."""
+    windows = _windows(elements)
+    compose = next((w for w in windows if w.label.startswith("Write: ") and w.label.endswith(" - Thunderbird")), None)
+    if any(w.label == "Save Message" for w in windows):
+        return Action(kind="hotkey", keys=("enter",), thought="Save the message to the drafts folder.")
+    if compose is None:
+        if any(a.kind == "hotkey" and a.keys == ("enter",) for a in _since(history, CLOSE)) and \
+                any(a.kind == "hotkey" and a.keys == CLOSE for a in history):
+            return Action(kind="finished", thought="The message is saved as a draft.")
+        if not any(w.label.endswith(" - Mozilla Thunderbird") for w in windows):
+            return _give_up("Thunderbird is not open.")
+        if any(a.kind == "hotkey" and a.keys == NEW_MESSAGE for a in history):
+            return Action(kind="wait", thought="The compose window is opening.")
+        return Action(kind="hotkey", keys=NEW_MESSAGE, thought="Write a new message.")
+    if compose.label == "Write: Picnic on Sunday - Thunderbird":
+        if _since(history, CLOSE) is not history:
+            return Action(kind="wait", thought="The save question is on its way.")
+        return Action(kind="hotkey", keys=CLOSE, thought="Close the message; Thunderbird asks to save it.")
+    if not compose.focused:
+        return Action(kind="wait", thought="The compose window is not focused yet.")
+    done = _since(history, NEW_MESSAGE)
+    if not any(a.kind == "type" and a.content == "friend@example.org" for a in done):
+        return Action(kind="type", content="friend@example.org", thought="Address the message.")
+    subject = _since(done, ("alt", "s"))
+    if subject is done:
+        return Action(kind="hotkey", keys=("alt", "s"), thought="Go to the subject field.")
+    if any(a.kind == "type" for a in subject):
+        return Action(kind="wait", thought="The title follows the subject.")
+    return Action(kind="type", content="Picnic on Sunday", thought="Write the subject.")
+
+
 def _vm_infeasible(instruction, elements, obs, history):
     return Action(kind="call_user", thought="No screen can show 16K here: the task is infeasible.")
 
@@ -241,4 +278,5 @@ SOLVERS: dict[str, Callable[[str, list[Element], Observation, list[Action]], Act
     "gimp-png-to-jpg": _vm_gimp_png_to_jpg,
     "multi-terminal-opens-writer": _vm_multi_terminal_opens_writer,
     "chrome-open-local-page": _vm_chrome_open_local_page,
+    "thunderbird-save-draft": _vm_thunderbird_save_draft,
 }

@@ -11,6 +11,12 @@
 #    writes behind the agent's back.
 #  - GIMP's profile made once at build time: the first start in a profile queries every
 #    plug-in (110 s to the image's window under TCG; 50 s with the profile there).
+#  - Thunderbird's profile (~/.thunderbird/dart.default-release, OSWorld's `default-release`
+#    name): Local Folders and one account whose identity is user@dart.test (no server it can
+#    reach: nothing checks mail), drafts in Local Folders; no account wizard, start page or
+#    default-client question. installs.ini names it for Debian's install (/usr/lib/thunderbird,
+#    whose install hash is FDC34C9F024745EB): without that, Thunderbird 140 makes a fresh
+#    profile of its own on the first start and opens the wizard there.
 #  - no indexers: tracker's miners masked for every user.
 #  - no screen saver or blanking: the X server's own (10 min by default) is turned off
 #    once the desktop's X server is up (Xvfb has no lock screen; no GNOME session runs).
@@ -48,6 +54,45 @@ cat > "$root/home/user/.config/libreoffice/4/user/registrymodifications.xcu" <<'
 <item oor:path="/org.openoffice.Office.Recovery/RecoveryInfo"><prop oor:name="Enabled" oor:op="fuse"><value>false</value></prop></item>
 </oor:items>
 XCU
+tb="$root/home/user/.thunderbird"
+mkdir -p "$tb/dart.default-release/Mail/Local Folders"
+printf '[InstallFDC34C9F024745EB]\nDefault=dart.default-release\nLocked=1\n' > "$tb/installs.ini"
+printf '[Profile0]\nName=default-release\nIsRelative=1\nPath=dart.default-release\nDefault=1\n\n[General]\nStartWithLastProfile=1\nVersion=2\n\n[InstallFDC34C9F024745EB]\nDefault=dart.default-release\nLocked=1\n' \
+  > "$tb/profiles.ini"
+cat > "$tb/dart.default-release/user.js" <<'JS'
+user_pref("mail.provider.suppress_dialog_on_startup", true);
+user_pref("mailnews.start_page.enabled", false);
+user_pref("mail.shell.checkDefaultClient", false);
+user_pref("mail.spotlight.firstRunDone", true);
+user_pref("mail.rights.version", 1);
+user_pref("datareporting.policy.dataSubmissionPolicyBypassNotification", true);
+user_pref("app.update.enabled", false);
+user_pref("mail.accountmanager.accounts", "account1,account2");
+user_pref("mail.accountmanager.defaultaccount", "account2");
+user_pref("mail.accountmanager.localfoldersserver", "server1");
+user_pref("mail.account.account1.server", "server1");
+user_pref("mail.server.server1.type", "none");
+user_pref("mail.server.server1.hostname", "Local Folders");
+user_pref("mail.server.server1.name", "Local Folders");
+user_pref("mail.server.server1.userName", "nobody");
+user_pref("mail.server.server1.directory-rel", "[ProfD]Mail/Local Folders");
+user_pref("mail.account.account2.server", "server2");
+user_pref("mail.account.account2.identities", "id1");
+user_pref("mail.server.server2.type", "pop3");
+user_pref("mail.server.server2.hostname", "localhost");
+user_pref("mail.server.server2.name", "user@dart.test");
+user_pref("mail.server.server2.userName", "user");
+user_pref("mail.server.server2.login_at_startup", false);
+user_pref("mail.server.server2.check_new_mail", false);
+user_pref("mail.server.server2.deferred_to_account", "account1");
+user_pref("mail.identity.id1.fullName", "Dart User");
+user_pref("mail.identity.id1.useremail", "user@dart.test");
+user_pref("mail.identity.id1.valid", true);
+user_pref("mail.identity.id1.compose_html", false);
+user_pref("mail.identity.id1.draft_folder", "mailbox://nobody@Local%20Folders/Drafts");
+user_pref("mail.identity.id1.drafts_folder_picker_mode", "0");
+JS
+chroot "$root" chown -R user:user /home/user/.thunderbird
 for unit in tracker-miner-fs-3.service tracker-extract-3.service tracker-miner-rss-3.service; do
   chroot "$root" systemctl --global mask "$unit" >/dev/null 2>&1 || true
 done

@@ -26,7 +26,8 @@ FAST_PATH_TASKS = [name for name in DOMAIN_TASKS if not evaluation.unsupported(b
 
 def test_the_osworld_image_has_a_task_per_application_domain():
     apps = {app for name in DOMAIN_TASKS for app in bundled_tasks("osworld")[name]["related_apps"]}
-    assert {"libreoffice_calc", "libreoffice_writer", "libreoffice_impress", "os", "vlc", "gimp", "chrome"} <= apps
+    assert {"libreoffice_calc", "libreoffice_writer", "libreoffice_impress", "os", "vlc", "gimp", "chrome",
+            "thunderbird"} <= apps
     # a task of several applications, as OSWorld's multi_apps domain has
     assert any(bundled_tasks("osworld")[name]["snapshot"] == "multi_apps" for name in DOMAIN_TASKS)
 
