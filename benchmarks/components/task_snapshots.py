@@ -9,8 +9,8 @@ bundled task of that image with setup steps (or those `--tasks` names): `--reset
 resets with task snapshots off (`loadvm ready`, the task's setup, the first observation:
 what every reset cost before), then the first reset with them on (the same, plus `savevm`
 of the task snapshot), then `--restores` (default `--resets`) resets that restore it
-(`loadvm task-...`, the first observation; p95 by the nearest rank). Prints one JSON
-object last.
+(`loadvm task-...`, the first observation; p95 by the nearest rank), and of those the
+`loadvm` alone. Prints one JSON object last.
 """
 
 from __future__ import annotations
@@ -67,11 +67,15 @@ def main() -> None:
             with_setup = [_timed(env, task) for _ in range(args.resets)]
             env.snapshots.max_count = bound
             first = _timed(env, task)
-            restored = [_timed(env, task) for _ in range(args.restores or args.resets)]
+            restored, loadvm = [], []
+            for _ in range(args.restores or args.resets):
+                restored.append(_timed(env, task))
+                loadvm.append(env.machine.loadvm_s)
             saved = next(reversed(env.snapshots.sizes.values()))  # the one just saved
             out["tasks"][name] = {"reset_with_setup_s": _summary(with_setup),
                                   "first_reset_and_savevm_s": round(first, 3),
                                   "reset_restoring_snapshot_s": _summary(restored),
+                                  "loadvm_s": _summary(loadvm),
                                   "saved_memory_mib": round(saved / 2**20, 1),
                                   "qemu_memory_mib": env.machine.memory_mib()}
             print(name, json.dumps(out["tasks"][name]), flush=True)
