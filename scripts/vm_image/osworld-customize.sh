@@ -4,7 +4,8 @@
 #  - `google-chrome` (and -stable): Chromium under the name OSWorld's tasks launch, with
 #    its profile under ~/.config/google-chrome and remote debugging on the guest's loopback
 #    port 1337; socat publishes that on port 9222, which QEMU forwards to the host's
-#    loopback (OSWorld's images do the same with socat).
+#    loopback (OSWorld's images do the same with socat). No GPU process: the guest has no
+#    GPU, and its software GL kept the guest's CPU busy after a snapshot's restore.
 #  - VLC's HTTP interface on port 8080, password `password` (OSWorld's VLC getters).
 #  - VLC's first-run privacy question off (it would block the player's window).
 #  - LibreOffice's profile: no Tip of the Day dialog at start, no autosave or recovery
@@ -25,7 +26,7 @@ root=$1
 cat > "$root/usr/local/bin/google-chrome" <<'SH'
 #!/bin/sh
 exec /usr/bin/chromium --remote-debugging-port=1337 --user-data-dir=/home/user/.config/google-chrome \
-  --no-first-run --no-default-browser-check --password-store=basic "$@"
+  --no-first-run --no-default-browser-check --password-store=basic --disable-gpu "$@"
 SH
 chmod 0755 "$root/usr/local/bin/google-chrome"
 ln -sf google-chrome "$root/usr/local/bin/google-chrome-stable"
