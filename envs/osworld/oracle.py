@@ -30,6 +30,10 @@ def _since(history: list[Action], opener: tuple[str, ...]) -> list[Action]:
     return history
 
 
+def _pressed(actions: list[Action], keys: tuple[str, ...]) -> bool:
+    return any(a.kind == "hotkey" and a.keys == keys for a in actions)
+
+
 def _named_in_this_dialog(history: list[Action], path: str, opener: tuple[str, ...]) -> bool:
     """Whether `path` was typed since the last `opener` hotkey (the one that opens the dialog)."""
     return any(a.kind == "type" and a.content.rstrip("\n") == path for a in _since(history, opener))
@@ -219,7 +223,7 @@ def _vm_chrome_open_local_page(instruction, elements, obs, history):
     typed = [i for i, a in enumerate(done) if a.kind == "type"]
     if typed and len(done) - typed[-1] <= 4:
         return Action(kind="wait", thought="The page is loading.")
-    if done is not history and not typed:
+    if _pressed(history, ADDRESS_BAR) and not typed:
         return Action(kind="type", content="file:///home/user/Documents/recipes.html\n",
                       thought="Go to the page's file URL.")
     return Action(kind="hotkey", keys=ADDRESS_BAR, thought="Focus the address bar.")
@@ -237,16 +241,15 @@ def _vm_thunderbird_save_draft(instruction, elements, obs, history):
     if any(w.label == "Save Message" for w in windows):
         return Action(kind="hotkey", keys=("enter",), thought="Save the message to the drafts folder.")
     if compose is None:
-        if any(a.kind == "hotkey" and a.keys == ("enter",) for a in _since(history, CLOSE)) and \
-                any(a.kind == "hotkey" and a.keys == CLOSE for a in history):
+        if _pressed(history, CLOSE) and _pressed(_since(history, CLOSE), ("enter",)):
             return Action(kind="finished", thought="The message is saved as a draft.")
         if not any(w.label.endswith(" - Mozilla Thunderbird") for w in windows):
             return _give_up("Thunderbird is not open.")
-        if any(a.kind == "hotkey" and a.keys == NEW_MESSAGE for a in history):
+        if _pressed(history, NEW_MESSAGE):
             return Action(kind="wait", thought="The compose window is opening.")
         return Action(kind="hotkey", keys=NEW_MESSAGE, thought="Write a new message.")
     if compose.label == "Write: Picnic on Sunday - Thunderbird":
-        if _since(history, CLOSE) is not history:
+        if _pressed(history, CLOSE):
             return Action(kind="wait", thought="The save question is on its way.")
         return Action(kind="hotkey", keys=CLOSE, thought="Close the message; Thunderbird asks to save it.")
     if not compose.focused:
@@ -254,10 +257,9 @@ def _vm_thunderbird_save_draft(instruction, elements, obs, history):
     done = _since(history, NEW_MESSAGE)
     if not any(a.kind == "type" and a.content == "friend@example.org" for a in done):
         return Action(kind="type", content="friend@example.org", thought="Address the message.")
-    subject = _since(done, ("alt", "s"))
-    if subject is done:
+    if not _pressed(done, ("alt", "s")):
         return Action(kind="hotkey", keys=("alt", "s"), thought="Go to the subject field.")
-    if any(a.kind == "type" for a in subject):
+    if any(a.kind == "type" for a in _since(done, ("alt", "s"))):
         return Action(kind="wait", thought="The title follows the subject.")
     return Action(kind="type", content="Picnic on Sunday", thought="Write the subject.")
 
